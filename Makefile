@@ -1,0 +1,28 @@
+# All set-up happens here, on a fresh machine: a venv, the pinned torch, the package and its extras.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench setup clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/attnlab bench --quick
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/attnlab bench
+
+clean:
+	rm -rf $(VENV) bench-results

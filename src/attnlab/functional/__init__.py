@@ -1,0 +1,20 @@
+"""Attention kernels. Every backend takes and returns (B, H, L, D) tensors.
+
+Shape legend
+    B    batch                 L   query length
+    H    query heads           S   key/value length
+    Hkv  key/value heads       D   head dim (Dv: value head dim)
+         (H % Hkv == 0: MHA if equal, MQA if Hkv == 1, else GQA)
+
+mask: bool, True = may attend, broadcastable to (B, H, L, S), or a structured mask from
+``attnlab.functional.masks``. causal: bottom-right aligned (query i sees keys j <= i + S - L),
+so KV-cache decoding (L < S) needs no special case. Rows with nothing to attend to return 0.
+Softmax accumulates in float32 (float64 for float64 inputs); outputs come back in q's dtype.
+"""
+from . import masks
+from .api import attention, choose_backend, explain
+from .bias import FunctionBias, StructuredBias
+from .registry import available_backends, get_backend, register_backend
+
+__all__ = ["attention", "explain", "available_backends", "get_backend", "register_backend",
+           "choose_backend", "masks", "StructuredBias", "FunctionBias"]

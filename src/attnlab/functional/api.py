@@ -1,0 +1,117 @@
+"""``attention``: one entry point over every backend; ``explain``: why "auto" picks what it picks."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import backends as _backends  # noqa: F401  (registers the backends)
+from .backends.reference import reference_attention
+from .backends.sdpa import sdpa_kernel_kind
+from .dropout import new_seed
+from .registry import Backend, all_backends, get_backend
+from .request import AttentionRequest, make_request
+
+__all__ = ["attention", "explain", "choose_backend"]
+
+# Below this many score entries per head, the tiled kernel's per-tile Python overhead costs more
+# than SDPA's math path saves (measured on the 2-core CI machine; see docs/benchmarks.md).
+SMALL_PROBLEM = 128 * 128
+
+
+def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
+    return [(b, b.unsupported(req) or (None if b.exact else "approximate: auto never picks it"))
+            for b in all_backends()]
+
+
+def _auto(req: AttentionRequest) -> tuple[str, str]:
+    """(backend name, reason) for the fastest exact backend that honours ``req``."""
+    _, _, _, L, S, _, _ = req.shape
+    runnable = {b.name for b, why in _candidates(req) if why is None}
+    if "sdpa" in runnable and sdpa_kernel_kind(req) == "flash":
+        return "sdpa", "no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact path"
+    if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
+        return "sdpa", (f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off; "
+                        f"SDPA's math path is quickest")
+    if "tiled" in runnable:
+        return "tiled", ("a mask or bias is involved: SDPA would fall back to its O(L*S)-memory math path; "
+                         "the tiled kernel skips empty tiles and keeps O(L+S) memory")
+    for name in ("sdpa", "reference"):
+        if name in runnable:
+            return name, "the only exact backend that honours this request"
+    raise ValueError(f"no exact backend can compute this request: "
+                     + "; ".join(f"{b.name}: {why}" for b, why in _candidates(req) if why))
+
+
+def choose_backend(req: AttentionRequest, backend: str) -> Backend:
+    """The backend to run: the named one (if it can honour ``req``) or auto's pick."""
+    if backend == "auto":
+        return get_backend(_auto(req)[0])
+    b = get_backend(backend)
+    why = b.unsupported(req)
+    if why is not None:
+        can = [c.name for c, w in _candidates(req) if c.unsupported(req) is None]
+        raise ValueError(f"backend {backend!r} cannot compute this request: {why}. Backends that can: {can}")
+    return b
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = False, bias=None,
+              scale: Optional[float] = None, dropout_p: float = 0.0, backend: str = "auto",
+              return_weights: bool = False):
+    """Scaled dot-product attention: softmax(scale * q k^T + bias, masked) v.
+
+    Args:
+        q: (B, H, L, D) queries; k: (B, Hkv, S, D) keys; v: (B, Hkv, S, Dv) values. H % Hkv == 0
+            (MHA, GQA, MQA); query head h uses kv head h // (H // Hkv).
+        mask: bool tensor broadcastable to (B, H, L, S), True = may attend, or an ``attnlab.masks``
+            mask (causal, padding, window, documents, dense, combined with ``&``).
+        causal: add a bottom-right aligned causal mask (query i sees keys j <= i + S - L).
+        bias: additive float tensor broadcastable to (B, H, L, S) (may require grad) or a
+            ``StructuredBias`` computed per tile.
+        scale: multiplies q k^T; default 1 / sqrt(D).
+        dropout_p: probability of dropping a weight (pass 0 at inference).
+        backend: "auto" or a name from ``available_backends()``.
+        return_weights: also return the softmax weights (B, H, L, S) (before dropout).
+    Returns:
+        out (B, H, L, Dv) in q's dtype, or (out, weights). Rows with nothing to attend to are 0.
+    Example:
+        q, k, v = (torch.randn(2, 8, 128, 64) for _ in range(3))
+        out = attention(q, k, v, causal=True)                      # (2, 8, 128, 64)
+        out, w = attention(q, k, v, mask=masks.window(16, 0), return_weights=True)
+    """
+    req = make_request(q, k, v, mask=mask, causal=causal, bias=bias, scale=scale, dropout_p=dropout_p,
+                       return_weights=return_weights)
+    chosen = choose_backend(req, backend)
+    _, _, _, L, S, _, _ = req.shape
+    seed = new_seed() if req.dropout_p > 0.0 else None
+    fn = chosen.fn
+    if L == 0 or S == 0:
+        fn = reference_attention     # empty output, or zeros: exact and trivially cheap
+    return fn(req.q, req.k, req.v, mask=req.mask, bias=req.bias, scale=req.scale, dropout_p=req.dropout_p,
+              dropout_seed=seed, return_weights=req.return_weights)
+
+
+def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
+    """Which backend ``attention(q, k, v, **kwargs)`` would run with backend="auto", and why not the others.
+
+    Example:
+        print(explain(q, k, v, mask=masks.window(128, 128)))
+    """
+    kwargs.pop("backend", None)
+    req = make_request(q, k, v, **kwargs)
+    name, reason = _auto(req)
+    B, H, Hkv, L, S, D, Dv = req.shape
+    lines = [f"request: B={B} H={H} Hkv={Hkv} L={L} S={S} D={D} Dv={Dv} dtype={q.dtype} "
+             f"mask={req.mask!r} bias={'none' if req.bias is None else type(req.bias).__name__} "
+             f"dropout_p={req.dropout_p}",
+             f"auto -> {name}: {reason}"]
+    for b, why in _candidates(req):
+        if b.name == name:
+            continue
+        if why is None:
+            why = "exact, but slower for this request" + (
+                " (SDPA with a mask or bias runs its O(L*S) math path)" if b.name == "sdpa" else
+                " (materializes the (B, H, L, S) scores)" if b.name == "reference" else "")
+        lines.append(f"  not {b.name}: {why}")
+    return "\n".join(lines)

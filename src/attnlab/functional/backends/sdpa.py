@@ -1,0 +1,69 @@
+"""The sdpa backend: torch.nn.functional.scaled_dot_product_attention, where it is exactly equivalent.
+
+Two mismatches are handled here:
+
+* SDPA's ``is_causal`` is top-left aligned (query i sees keys j <= i). attnlab's causal is
+  bottom-right aligned, so ``is_causal`` is used only when L == S and causal is the whole mask;
+  otherwise the mask is passed densely.
+* Any ``attn_mask`` keeps SDPA off its CPU flash kernel: it falls back to the math path, which
+  materializes (B, H, L, S) scores -- O(L * S) memory and about a quarter of flash's speed here.
+  ``auto`` therefore sends masked and biased requests to the tiled backend.
+
+Dropout uses torch's own RNG stream inside SDPA, so it does not reproduce the reference/tiled
+keep mask for a given seed (it is the same distribution).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..masks import CausalMask, Mask
+from ..registry import register_backend
+from ..request import AttentionRequest, Bias
+from .reference import attention_probs, dense_bias
+
+
+def _unsupported(req: AttentionRequest) -> Optional[str]:
+    b = req.bias
+    if isinstance(b, Tensor) and b.dtype != req.q.dtype:
+        return (f"SDPA needs the additive mask in q's dtype ({req.q.dtype}); casting the {b.dtype} bias "
+                f"would change its values")
+    return None
+
+
+def sdpa_kernel_kind(req: AttentionRequest) -> str:
+    """Which SDPA path a request takes on CPU: 'flash' (no mask, or causal with L == S) or 'math'."""
+    _, _, _, L, S, _, _ = req.shape
+    if req.bias is None and (req.mask is None or (req.is_causal_only and L == S)):
+        return "flash"
+    return "math"
+
+
+@register_backend("sdpa", unsupported=_unsupported,
+                  summary="torch SDPA: flash kernel without a mask, O(n^2) math path with one")
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
+                   bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
+                   dropout_seed: Optional[int] = None, return_weights: bool = False):
+    """Delegate to ``F.scaled_dot_product_attention``; same arguments and returns as the reference."""
+    B, H, L, _ = q.shape
+    S = k.shape[2]
+    is_causal = isinstance(mask, CausalMask) and L == S and bias is None
+    attn_mask = None
+    if not is_causal:
+        b = dense_bias(bias, L, S)
+        allowed = mask.dense(L, S).to(q.device) if mask is not None else None
+        if b is not None:
+            b = b.to(q.dtype)
+            attn_mask = b if allowed is None else b.masked_fill(~allowed, float("-inf"))
+        else:
+            attn_mask = allowed
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if return_weights:
+        with torch.no_grad():
+            probs = attention_probs(q, k, mask=mask, bias=bias, scale=scale)
+        return out, probs
+    return out

@@ -1,0 +1,294 @@
+"""The tiled backend: exact FlashAttention-style attention in PyTorch, O(L + S) memory.
+
+Queries are cut into row tiles and keys into spans (``tiled_plan``). For each row tile the
+kernel walks its key spans keeping, per row, the running max m, the running sum l and an
+unnormalized output (online softmax: Milakov & Gimelshein 2018; Dao et al. 2022/2023); the
+division by l is deferred to the end (FlashAttention-2). It keeps the per-row log-sum-exp, which
+the backward pass uses to recompute each tile's probabilities instead of storing them.
+
+GQA/MQA costs nothing extra: the G = H / Hkv query heads that share a kv head are stacked along
+the row axis, so one (G * rows, D) x (D, keys) matmul serves the whole group.
+
+Empty tiles of a structured mask are never visited, full ones get no masking work. Additive
+bias tensors (with gradient) and structured biases (``StructuredBias``, computed per tile, with
+gradient for their parameters) are supported, and so is dropout (counter-based, see ``dropout``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..bias import StructuredBias
+from ..dropout import keep_mask
+from ..masks import Mask
+from ..registry import register_backend
+from ..request import Bias
+from .reference import accum_dtype
+from .tiled_plan import Plan, RowTile, Span, TileStats, make_plan
+
+__all__ = ["tiled_attention", "TileStats"]
+
+FINE_K = 64     # granularity at which the mask is classified; spans are merged runs of these
+
+
+def default_blocks(dtype: torch.dtype, masked: bool) -> tuple[int, int]:
+    """(block_q, block_k) measured fastest on a 2-core Zen 4 (see docs/benchmarks.md)."""
+    if masked:
+        return 128, 512
+    return 256, 512
+
+
+def _to5(t: Tensor, Hkv: int, G: int) -> Tensor:
+    """(B|1, H|1, r, c) -> (B|1, Hkv|1, G|1, r, c): split the head dim the way q is grouped."""
+    if t.shape[1] == 1:
+        return t.unsqueeze(2)
+    return t.unflatten(1, (Hkv, G))
+
+
+def _batch(t: Tensor, bs: slice) -> Tensor:
+    """Slice the batch dim unless it broadcasts (size 1)."""
+    return t if t.shape[0] == 1 else t[bs]
+
+
+def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
+    """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
+    dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
+    return x.sum(dims, keepdim=True) if dims else x
+
+
+@dataclass
+class _Problem:
+    """Everything the forward, backward and weight passes share."""
+    q5: Tensor                   # (B, Hkv, G, L, D) scaled queries, input dtype
+    k4: Tensor                   # (B, Hkv, S, D)
+    v4: Tensor                   # (B, Hkv, S, Dv)
+    mask: Optional[Mask]
+    bias_t: Optional[Tensor]     # (B|1, H|1, L|1, S|1)
+    bias_s: Optional[StructuredBias]
+    bias_params: tuple[Tensor, ...]
+    dropout_p: float
+    seed: Optional[int]
+    plan: Plan
+
+    @property
+    def dims(self):
+        B, Hkv, G, L, D = self.q5.shape
+        return B, Hkv, G, L, self.k4.shape[2], D, self.v4.shape[3]
+
+    def rows(self, x5: Tensor, bs: slice, t: RowTile) -> Tensor:
+        """(Bg, Hkv, G, L, X) -> (Bg * Hkv, G * lr, X): one row tile of q-shaped data."""
+        return x5[bs, :, :, t.r0:t.r1].flatten(0, 1).flatten(1, 2)
+
+    def cols(self, x4: Tensor, bs: slice, sp: Span) -> Tensor:
+        """(Bg, Hkv, S, X) -> (Bg * Hkv, lc, X): one key span of k- or v-shaped data."""
+        return x4[bs, :, sp.c0:sp.c1].flatten(0, 1)
+
+    def logits(self, qt: Tensor, bs: slice, t: RowTile, sp: Span, params=None) -> Tensor:
+        """scale * q k^T + bias, masked: (Bg * Hkv, G * lr, lc) in the accumulation dtype."""
+        B, Hkv, G, L, S, _, _ = self.dims
+        s = torch.bmm(qt, self.cols(self.k4, bs, sp).transpose(1, 2))       # (Bg*Hkv, G*lr, lc)
+        s = s.to(accum_dtype(s.dtype))
+        lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
+        s5 = s.view(-1, Hkv, G, lr, lc)
+        if self.bias_t is not None:
+            b = self.bias_t
+            rows = slice(t.r0, t.r1) if b.shape[2] != 1 else slice(None)
+            cols = slice(sp.c0, sp.c1) if b.shape[3] != 1 else slice(None)
+            s5.add_(_to5(_batch(b, bs)[:, :, rows, cols], Hkv, G))
+        if self.bias_s is not None:
+            b = self.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
+            s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype))
+        if sp.masked:
+            allowed = self.mask.block(t.r0, t.r1, sp.c0, sp.c1, L, S).to(s.device)
+            s5.masked_fill_(~_to5(_batch(allowed, bs), Hkv, G), float("-inf"))
+        return s
+
+    def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:
+        """The dropout keep mask of this tile, in the (Bg * Hkv, G * lr, lc) layout."""
+        B, Hkv, G, _, _, _, _ = self.dims
+        Bg = len(range(B)[bs])
+        keep = keep_mask(self.seed, self.dropout_p, B, Hkv * G, t.r0, t.r1, sp.c0, sp.c1,
+                         device=self.q5.device)[bs]                          # (Bg, H, lr, lc)
+        return keep.reshape(shape) if Bg else keep
+
+
+def _forward(pb: _Problem):
+    """Online-softmax forward. Returns out (B, Hkv, G, L, Dv) and lse (B, Hkv, G, L)."""
+    B, Hkv, G, L, S, D, Dv = pb.dims
+    dt = pb.q5.dtype
+    acc_dt = accum_dtype(dt)
+    out5 = pb.q5.new_empty(B, Hkv, G, L, Dv)
+    lse5 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
+    guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
+    for bs, tiles in pb.plan.groups:
+        for t in tiles:
+            qt = pb.rows(pb.q5, bs, t)                                      # (Bg*Hkv, G*lr, D)
+            n, R = qt.shape[0], qt.shape[1]
+            m = qt.new_full((n, R, 1), float("-inf"), dtype=acc_dt)
+            l = qt.new_zeros((n, R, 1), dtype=acc_dt)
+            acc = qt.new_zeros((n, R, Dv), dtype=acc_dt)
+            for sp in t.spans:
+                s = pb.logits(qt, bs, t, sp)                                 # (n, R, lc)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                # A row may still have seen only -inf: subtract 0 there so exp gives 0, not NaN.
+                m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
+                alpha = torch.exp(m - m_use)                                 # (n, R, 1) rescales old state
+                p = s.sub_(m_use).exp_()                                     # (n, R, lc), unnormalized
+                l.mul_(alpha).add_(p.sum(-1, keepdim=True))
+                if pb.dropout_p > 0.0:
+                    p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
+                vt = pb.cols(pb.v4, bs, sp)                                  # (n, lc, Dv)
+                acc.mul_(alpha)
+                if dt == acc_dt:
+                    acc.baddbmm_(p, vt)
+                else:
+                    acc.add_(torch.bmm(p.to(dt), vt))
+                m = m_new
+            o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
+            out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv).to(dt)
+            lse5[bs, :, :, t.r0:t.r1] = (m + torch.log(l)).view(-1, Hkv, G, t.r1 - t.r0)
+    return out5, lse5
+
+
+def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias: bool):
+    """FlashAttention-2 backward: recompute P from the LSE tile by tile.
+
+    Returns gradients for the *scaled* queries q5 (autograd applies the scale), k, v, the bias
+    tensor and the structured bias parameters.
+    """
+    B, Hkv, G, L, S, D, Dv = pb.dims
+    dt = pb.q5.dtype
+    acc_dt = accum_dtype(dt)
+    delta5 = (dout5.to(acc_dt) * out5.to(acc_dt)).sum(-1)                   # (B, Hkv, G, L)
+    lse5 = torch.where(lse5 == float("-inf"), float("inf"), lse5)          # empty rows: P = exp(-inf) = 0
+    dq5 = torch.zeros(B, Hkv, G, L, D, dtype=acc_dt, device=pb.q5.device)
+    dk4 = torch.zeros(B, Hkv, S, D, dtype=acc_dt, device=pb.q5.device)
+    dv4 = torch.zeros(B, Hkv, S, Dv, dtype=acc_dt, device=pb.q5.device)
+    dbias = torch.zeros_like(pb.bias_t, dtype=acc_dt) if want_bias else None
+    dparams = [torch.zeros_like(p) for p in pb.bias_params]
+    for bs, tiles in pb.plan.groups:
+        for t in tiles:
+            qt = pb.rows(pb.q5, bs, t)                                      # (n, R, D)
+            dot = pb.rows(dout5, bs, t)                                     # (n, R, Dv)
+            lse = pb.rows(lse5.unsqueeze(-1), bs, t)                        # (n, R, 1)
+            delta = pb.rows(delta5.unsqueeze(-1), bs, t)                    # (n, R, 1)
+            dq = torch.zeros(qt.shape, dtype=acc_dt, device=qt.device)
+            lr = t.r1 - t.r0
+            for sp in t.spans:
+                lc = sp.c1 - sp.c0
+                p = pb.logits(qt, bs, t, sp).sub_(lse).exp_()               # (n, R, lc) exact probabilities
+                pd = p
+                if pb.dropout_p > 0.0:
+                    keep = pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
+                    pd = p * keep
+                kt, vt = pb.cols(pb.k4, bs, sp), pb.cols(pb.v4, bs, sp)      # (n, lc, D), (n, lc, Dv)
+                dv4[bs, :, sp.c0:sp.c1] += torch.bmm(pd.transpose(1, 2).to(dt), dot).view(-1, Hkv, lc, Dv)
+                dp = torch.bmm(dot, vt.transpose(1, 2)).to(acc_dt)          # (n, R, lc)
+                if pb.dropout_p > 0.0:
+                    dp.mul_(keep)
+                ds = p.mul_(dp.sub_(delta))                                 # (n, R, lc) d logits
+                if dbias is not None:
+                    g = ds.view(-1, Hkv * G, lr, lc)
+                    rows = slice(t.r0, t.r1) if dbias.shape[2] != 1 else slice(None)
+                    cols = slice(sp.c0, sp.c1) if dbias.shape[3] != 1 else slice(None)
+                    target = _batch(dbias, bs)[:, :, rows, cols]
+                    target += _reduce_to(g, target.shape)
+                if dparams:
+                    with torch.enable_grad():
+                        params = [p_.detach().requires_grad_() for p_ in pb.bias_params]
+                        b = pb.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, tuple(params))
+                        g = _reduce_to(ds.view(-1, Hkv * G, lr, lc), b.shape).to(b.dtype)
+                        grads = torch.autograd.grad(b, params, g, allow_unused=True)
+                    for acc_g, g_ in zip(dparams, grads):
+                        if g_ is not None:
+                            acc_g += g_
+                ds_lp = ds.to(dt)
+                dq.add_(torch.bmm(ds_lp, kt))
+                dk4[bs, :, sp.c0:sp.c1] += torch.bmm(ds_lp.transpose(1, 2), qt).view(-1, Hkv, lc, D)
+            dq5[bs, :, :, t.r0:t.r1] = dq.view(-1, Hkv, G, lr, D)
+    return dq5, dk4, dv4, dbias, dparams
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
+        pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
+                      cfg["dropout_p"], cfg["seed"], cfg["plan"])
+        out5, lse5 = _forward(pb)
+        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse5, *bias_params)
+        ctx.cfg = cfg
+        ctx.mark_non_differentiable(lse5)
+        return out5, lse5
+
+    @staticmethod
+    def backward(ctx, dout5, _dlse):
+        q5, k, v, bias_t, out5, lse5, *params = ctx.saved_tensors
+        cfg = ctx.cfg
+        pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params),
+                      cfg["dropout_p"], cfg["seed"], cfg["plan"])
+        want_bias = bias_t is not None and ctx.needs_input_grad[3]
+        dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse5, dout5.contiguous(), want_bias)
+        return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias_t.dtype) if dbias is not None else None,
+                None, *[g.to(p.dtype) for g, p in zip(dparams, params)])
+
+
+def _weights(pb: _Problem, lse5: Tensor) -> Tensor:
+    """Exact attention weights (B, H, L, S) recomputed tile by tile from the saved LSE."""
+    B, Hkv, G, L, S, _, _ = pb.dims
+    w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse5.dtype)
+    lse5 = torch.where(lse5 == float("-inf"), float("inf"), lse5)
+    for bs, tiles in pb.plan.groups:
+        for t in tiles:
+            qt = pb.rows(pb.q5, bs, t)
+            lse = pb.rows(lse5.unsqueeze(-1), bs, t)
+            for sp in t.spans:
+                p = pb.logits(qt, bs, t, sp).sub_(lse).exp_()
+                w[bs, :, :, t.r0:t.r1, sp.c0:sp.c1] = p.view(-1, Hkv, G, t.r1 - t.r0, sp.c1 - sp.c0)
+    return w.view(B, Hkv * G, L, S)
+
+
+@register_backend("tiled", summary="exact tiled online-softmax kernel (FlashAttention-2 style), O(n) memory, "
+                                   "skips empty mask tiles")
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
+                    bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
+                    dropout_seed: Optional[int] = None, return_weights: bool = False,
+                    block_q: Optional[int] = None, block_k: Optional[int] = None,
+                    stats: Optional[TileStats] = None):
+    """Exact attention over (query tile x key span) blocks; never materializes (L, S).
+
+    Args:
+        q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
+        mask, bias, scale, dropout_p, dropout_seed, return_weights: as for the reference backend.
+        block_q, block_k: tile sizes (defaults tuned for CPU); block_k a multiple of 64.
+        stats: if given, filled with the tiles computed, masked and skipped.
+    Returns:
+        out (B, H, L, Dv); with return_weights also (B, H, L, S) weights, recomputed from the LSE.
+    Example:
+        q, k, v = (torch.randn(1, 8, 4096, 64) for _ in range(3))
+        out = tiled_attention(q, k, v, mask=masks.window(128, 128), scale=0.125)
+    """
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    dq, dk = default_blocks(q.dtype, mask is not None)
+    block_q, block_k = block_q or dq, block_k or dk
+    fine = min(FINE_K, block_k)
+    plan = make_plan(mask, B, L, S, block_q, block_k, fine)
+    if stats is not None:
+        stats.add(plan.stats)
+    bias_t = bias if isinstance(bias, Tensor) else None
+    bias_s = bias if isinstance(bias, StructuredBias) else None
+    params = bias_s.params if bias_s is not None else ()
+    G = H // Hkv
+    # Scale q once (O(L*D)) instead of every score tile (O(L*S)).
+    q5 = (q.to(accum_dtype(q.dtype)) * scale).to(q.dtype).reshape(B, Hkv, G, L, D)
+    cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan)
+    out5, lse5 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
+    out = out5.reshape(B, H, L, v.shape[3])
+    if return_weights:
+        with torch.no_grad():
+            pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan)
+            return out, _weights(pb, lse5)
+    return out

@@ -1,0 +1,336 @@
+"""Structured attention masks: True = may attend, composable with ``&``.
+
+A structured mask never has to exist as an (L, S) tensor. It answers three questions:
+
+* ``block(r0, r1, c0, c1, L, S)`` -- which pairs of one (query rows x key columns) tile may attend,
+  as a bool tensor broadcastable to ``(B, H, r1 - r0, c1 - c0)``;
+* ``tile_kinds(L, S, block_q, block_k)`` -- for every tile, whether it is EMPTY (skip it), FULL
+  (no masking work) or PARTIAL, as an int8 tensor ``(Bm, nq, nk)`` where ``Bm`` is 1 or B;
+* ``dense(L, S)`` -- the whole mask as a bool tensor broadcastable to ``(B, H, L, S)``.
+
+Query row ``i`` sits at absolute position ``i + S - L`` (bottom-right alignment), which makes
+causal and window masks right for KV-cache decoding (L < S) with no special case::
+
+    causal, L=2, S=5          causal, L=5, S=2 (rows 0-2 see nothing -> output 0)
+        k0 k1 k2 k3 k4            k0 k1
+    q0   1  1  1  1  0        q0   0  0
+    q1   1  1  1  1  1        q1   0  0
+                              q2   0  0
+                              q3   1  0
+                              q4   1  1
+
+Example::
+
+    m = masks.causal() & masks.padding(torch.tensor([5, 3]))
+    m.dense(5, 5).shape          # torch.Size([2, 1, 5, 5])
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["Mask", "causal", "padding", "window", "documents", "dense", "EMPTY", "PARTIAL", "FULL"]
+
+# Tile kinds. Ordered so that the kind of (a & b) is min(kind(a), kind(b)).
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def _bounds(n: int, size: int) -> Tensor:
+    """(nt,) start of each tile of ``size`` over ``n`` positions; the last tile may be short."""
+    return torch.arange(0, n, size)
+
+
+def _interval_kinds(lo_first: Tensor, lo_last: Tensor, hi_first: Tensor, hi_last: Tensor,
+                    c0: Tensor, c1: Tensor) -> Tensor:
+    """Kinds of tiles whose rows allow keys in [lo(i), hi(i)] (inclusive, monotone in i).
+
+    lo_first/lo_last, hi_first/hi_last: (nq, 1) bounds at the first and last row of each row tile;
+    c0, c1: (1, nk) first and one-past-last key of each column tile.
+    """
+    full = (c0 >= lo_last) & (c1 - 1 <= hi_first)
+    empty = (c1 - 1 < lo_first) | (c0 > hi_last)
+    kinds = torch.full(full.shape, PARTIAL, dtype=torch.int8)
+    kinds[full] = FULL
+    kinds[empty] = EMPTY
+    return kinds.unsqueeze(0)                                    # (1, nq, nk)
+
+
+def _tile_starts(L: int, S: int, block_q: int, block_k: int):
+    r0 = _bounds(L, block_q)[:, None]                            # (nq, 1)
+    r1 = torch.clamp(r0 + block_q, max=L)
+    c0 = _bounds(S, block_k)[None, :]                            # (1, nk)
+    c1 = torch.clamp(c0 + block_k, max=S)
+    return r0, r1, c0, c1
+
+
+class Mask:
+    """Base class of structured masks. Subclasses define ``block`` and ``tile_kinds``."""
+
+    #: batch size the mask is tied to (padding lengths, document ids, dense masks), or None.
+    batch: Optional[int] = None
+
+    def block(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int) -> Tensor:
+        raise NotImplementedError
+
+    def tile_kinds(self, L: int, S: int, block_q: int, block_k: int) -> Tensor:
+        raise NotImplementedError
+
+    def dense(self, L: int, S: int) -> Tensor:
+        """(B|1, H|1, L, S) bool, True = may attend."""
+        return self.block(0, L, 0, S, L, S)
+
+    def check(self, B: int, H: int, L: int, S: int) -> None:
+        """Raise ValueError if this mask cannot apply to a (B, H, L, S) problem."""
+        if self.batch is not None and self.batch not in (1, B):
+            raise ValueError(f"{self!r} is for batch size {self.batch}, but q has batch size {B}: "
+                             f"build the mask from per-example data of length {B}")
+
+    def __and__(self, other: "Mask") -> "Mask":
+        if not isinstance(other, Mask):
+            return NotImplemented
+        return AndMask(self, other)
+
+    def to(self, device) -> "Mask":
+        return self
+
+
+class CausalMask(Mask):
+    """Query i may see key j iff j <= i + S - L (bottom-right aligned)."""
+
+    def block(self, r0, r1, c0, c1, L, S):
+        i = torch.arange(r0, r1)[:, None] + (S - L)
+        j = torch.arange(c0, c1)[None, :]
+        return (j <= i)[None, None]                              # (1, 1, lr, lc)
+
+    def tile_kinds(self, L, S, block_q, block_k):
+        r0, r1, c0, c1 = _tile_starts(L, S, block_q, block_k)
+        off = S - L
+        lo = torch.full_like(r0, -(1 << 62))
+        return _interval_kinds(lo, lo, r0 + off, r1 - 1 + off, c0, c1)
+
+    def __repr__(self):
+        return "causal()"
+
+
+class WindowMask(Mask):
+    """Query at position p = i + S - L may see keys p - left <= j <= p + right; None = unbounded."""
+
+    def __init__(self, left: Optional[int], right: Optional[int]):
+        for name, val in (("left", left), ("right", right)):
+            if val is not None and (not isinstance(val, int) or val < 0):
+                raise ValueError(f"window {name}={val!r}: must be a non-negative int or None (unbounded)")
+        self.left, self.right = left, right
+
+    def _lo_hi(self, rows: Tensor, off: int):
+        big = 1 << 62
+        lo = rows + off - self.left if self.left is not None else torch.full_like(rows, -big)
+        hi = rows + off + self.right if self.right is not None else torch.full_like(rows, big)
+        return lo, hi
+
+    def block(self, r0, r1, c0, c1, L, S):
+        lo, hi = self._lo_hi(torch.arange(r0, r1)[:, None], S - L)
+        j = torch.arange(c0, c1)[None, :]
+        return ((j >= lo) & (j <= hi))[None, None]
+
+    def tile_kinds(self, L, S, block_q, block_k):
+        r0, r1, c0, c1 = _tile_starts(L, S, block_q, block_k)
+        lo_first, hi_first = self._lo_hi(r0, S - L)
+        lo_last, hi_last = self._lo_hi(r1 - 1, S - L)
+        return _interval_kinds(lo_first, lo_last, hi_first, hi_last, c0, c1)
+
+    def __repr__(self):
+        return f"window(left={self.left}, right={self.right})"
+
+
+class PaddingMask(Mask):
+    """Example b may attend keys j < lengths[b] (right padding)."""
+
+    def __init__(self, lengths: Tensor):
+        if not isinstance(lengths, Tensor):
+            lengths = torch.as_tensor(lengths)
+        if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise ValueError(f"padding lengths must be a 1-D integer tensor (B,), got shape "
+                             f"{tuple(lengths.shape)} dtype {lengths.dtype}")
+        if (lengths < 0).any():
+            raise ValueError(f"padding lengths must be >= 0, got {lengths.tolist()}")
+        self.lengths = lengths.long().cpu()
+        self.batch = lengths.numel()
+
+    def block(self, r0, r1, c0, c1, L, S):
+        j = torch.arange(c0, c1)
+        return (j[None, :] < self.lengths[:, None])[:, None, None, :]   # (B, 1, 1, lc)
+
+    def tile_kinds(self, L, S, block_q, block_k):
+        r0, r1, c0, c1 = _tile_starts(L, S, block_q, block_k)
+        n = self.lengths[:, None, None]                          # (B, 1, 1)
+        kinds = torch.full((self.batch, r0.shape[0], c0.shape[1]), PARTIAL, dtype=torch.int8)
+        kinds[(c1 <= n).expand_as(kinds)] = FULL
+        kinds[(c0 >= n).expand_as(kinds)] = EMPTY
+        return kinds
+
+    def __repr__(self):
+        return f"padding({self.lengths.tolist()})"
+
+
+class DocumentMask(Mask):
+    """Packed sequences: query i may attend key j iff they carry the same document id.
+
+    ``ids`` label the S keys, shape (S,) or (B, S); queries take the last L ids (bottom-right).
+    """
+
+    def __init__(self, ids: Tensor):
+        if not isinstance(ids, Tensor):
+            ids = torch.as_tensor(ids)
+        if ids.dim() not in (1, 2) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"document ids must be an integer tensor (S,) or (B, S), got shape "
+                             f"{tuple(ids.shape)} dtype {ids.dtype}")
+        self.ids = (ids if ids.dim() == 2 else ids[None]).long().cpu()   # (Bm, S)
+        self.batch = self.ids.shape[0] if ids.dim() == 2 else None
+
+    def check(self, B, H, L, S):
+        super().check(B, H, L, S)
+        if self.ids.shape[1] != S:
+            raise ValueError(f"document ids have length {self.ids.shape[1]} but there are S={S} keys: "
+                             f"give one id per key")
+        if L > S:
+            raise ValueError(f"documents mask needs L <= S (queries take the last L key ids), got L={L}, S={S}")
+
+    def block(self, r0, r1, c0, c1, L, S):
+        qi = self.ids[:, S - L + r0:S - L + r1]
+        kj = self.ids[:, c0:c1]
+        return (qi[:, :, None] == kj[:, None, :])[:, None]        # (Bm, 1, lr, lc)
+
+    @staticmethod
+    def _tile_range(ids: Tensor, size: int):
+        """Per-tile min and max of ids (Bm, n) -> two (Bm, nt) tensors."""
+        n = ids.shape[1]
+        pad = (-n) % size
+        lo = torch.nn.functional.pad(ids, (0, pad), value=int(ids.max()) if n else 0)
+        hi = torch.nn.functional.pad(ids, (0, pad), value=int(ids.min()) if n else 0)
+        return lo.view(ids.shape[0], -1, size).amin(-1), hi.view(ids.shape[0], -1, size).amax(-1)
+
+    def tile_kinds(self, L, S, block_q, block_k):
+        qlo, qhi = self._tile_range(self.ids[:, S - L:], block_q)    # (Bm, nq)
+        klo, khi = self._tile_range(self.ids, block_k)              # (Bm, nk)
+        qlo, qhi, klo, khi = qlo[:, :, None], qhi[:, :, None], klo[:, None, :], khi[:, None, :]
+        kinds = torch.full(torch.broadcast_shapes(qlo.shape, klo.shape), PARTIAL, dtype=torch.int8)
+        kinds[(qlo == qhi) & (klo == khi) & (qlo == klo)] = FULL
+        kinds[(qhi < klo) | (khi < qlo)] = EMPTY
+        return kinds
+
+    def __repr__(self):
+        return f"documents(ids of shape {tuple(self.ids.shape)})"
+
+
+class DenseMask(Mask):
+    """An explicit bool tensor broadcastable to (B, H, L, S); True = may attend."""
+
+    def __init__(self, allowed: Tensor):
+        if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool:
+            raise TypeError(f"a dense mask must be a bool tensor (True = may attend), got "
+                            f"{type(allowed).__name__ if not isinstance(allowed, Tensor) else allowed.dtype}; "
+                            f"for an additive float mask pass it as bias=")
+        if allowed.dim() > 4:
+            raise ValueError(f"mask has {allowed.dim()} dims {tuple(allowed.shape)}; it must broadcast to (B, H, L, S)")
+        self.allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
+        self.batch = self.allowed.shape[0] if self.allowed.shape[0] != 1 else None
+
+    def check(self, B, H, L, S):
+        want = (B, H, L, S)
+        if any(m not in (1, w) for m, w in zip(self.allowed.shape, want)):
+            raise ValueError(f"mask of shape {tuple(self.allowed.shape)} does not broadcast to "
+                             f"(B, H, L, S) = {want}: each dim must equal that size or 1")
+
+    def block(self, r0, r1, c0, c1, L, S):
+        m = self.allowed
+        rows = slice(r0, r1) if m.shape[2] != 1 else slice(None)
+        cols = slice(c0, c1) if m.shape[3] != 1 else slice(None)
+        return m[:, :, rows, cols]
+
+    def tile_kinds(self, L, S, block_q, block_k):
+        m = self.allowed.expand(-1, -1, L, S).cpu()
+        pad_l, pad_s = (-L) % block_q, (-S) % block_k
+        # pad with True for "all" and False for "any" so the padding never changes a verdict
+        def tiles(x):
+            return x.unflatten(2, (-1, block_q)).unflatten(4, (-1, block_k))  # (Bm, Hm, nq, bq, nk, bk)
+        f = torch.nn.functional.pad
+        all_ = tiles(f(m, (0, pad_s, 0, pad_l), value=True)).all(5).all(3).all(1)
+        any_ = tiles(f(m, (0, pad_s, 0, pad_l), value=False)).any(5).any(3).any(1)
+        kinds = torch.full(all_.shape, PARTIAL, dtype=torch.int8)
+        kinds[all_] = FULL
+        kinds[~any_] = EMPTY
+        return kinds                                              # (Bm, nq, nk)
+
+    def to(self, device):
+        return DenseMask(self.allowed.to(device))
+
+    def __repr__(self):
+        return f"dense(bool tensor of shape {tuple(self.allowed.shape)})"
+
+
+class AndMask(Mask):
+    """Pairs allowed by both masks."""
+
+    def __init__(self, a: Mask, b: Mask):
+        self.a, self.b = a, b
+        batches = {x for x in (a.batch, b.batch) if x is not None}
+        if len(batches) > 1:
+            raise ValueError(f"cannot combine masks for batch sizes {sorted(batches)}")
+        self.batch = batches.pop() if batches else None
+
+    def check(self, B, H, L, S):
+        self.a.check(B, H, L, S)
+        self.b.check(B, H, L, S)
+
+    def block(self, r0, r1, c0, c1, L, S):
+        a = self.a.block(r0, r1, c0, c1, L, S)
+        b = self.b.block(r0, r1, c0, c1, L, S)
+        return a.to(b.device) & b
+
+    def tile_kinds(self, L, S, block_q, block_k):
+        return torch.minimum(self.a.tile_kinds(L, S, block_q, block_k), self.b.tile_kinds(L, S, block_q, block_k))
+
+    def to(self, device):
+        return AndMask(self.a.to(device), self.b.to(device))
+
+    def __repr__(self):
+        return f"({self.a!r} & {self.b!r})"
+
+
+def parts(mask: Optional[Mask]) -> list[Mask]:
+    """The masks ANDed together in ``mask`` (flattened)."""
+    if mask is None:
+        return []
+    if isinstance(mask, AndMask):
+        return parts(mask.a) + parts(mask.b)
+    return [mask]
+
+
+def causal() -> Mask:
+    """Bottom-right aligned causal mask: query i sees keys j <= i + S - L."""
+    return CausalMask()
+
+
+def window(left: Optional[int], right: Optional[int] = 0) -> Mask:
+    """Sliding window: the query at position p sees keys p - left ... p + right (None = unbounded).
+
+    ``window(256, 0)`` is a causal sliding window; ``window(128, 128)`` a symmetric local one.
+    """
+    return WindowMask(left, right)
+
+
+def padding(lengths) -> Mask:
+    """Per-example key lengths (B,): example b attends keys j < lengths[b]."""
+    return PaddingMask(lengths)
+
+
+def documents(ids) -> Mask:
+    """Packed documents: ids (S,) or (B, S) label each key; attention stays within a document."""
+    return DocumentMask(ids)
+
+
+def dense(allowed: Tensor) -> Mask:
+    """Wrap a bool tensor broadcastable to (B, H, L, S) (True = may attend)."""
+    return DenseMask(allowed)
