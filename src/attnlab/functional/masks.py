@@ -177,7 +177,9 @@ class PaddingMask(Mask):
 class DocumentMask(Mask):
     """Packed sequences: query i may attend key j iff they carry the same document id.
 
-    ``ids`` label the S keys, shape (S,) or (B, S); queries take the last L ids (bottom-right).
+    ``ids`` label the S keys, shape (S,) or (B, S). Query i sits at key position i + S - L
+    (bottom-right) and takes that key's id; if L > S the first L - S queries have no position
+    and see nothing, as with ``causal``.
     """
 
     def __init__(self, ids: Tensor):
@@ -194,13 +196,12 @@ class DocumentMask(Mask):
         if self.ids.shape[1] != S:
             raise ValueError(f"document ids have length {self.ids.shape[1]} but there are S={S} keys: "
                              f"give one id per key")
-        if L > S:
-            raise ValueError(f"documents mask needs L <= S (queries take the last L key ids), got L={L}, S={S}")
 
     def block(self, r0, r1, c0, c1, L, S):
-        qi = self.ids[:, S - L + r0:S - L + r1]
-        kj = self.ids[:, c0:c1]
-        return (qi[:, :, None] == kj[:, None, :])[:, None]        # (Bm, 1, lr, lc)
+        pos = torch.arange(r0, r1) + (S - L)                       # query positions; < 0: none
+        qi = self.ids[:, pos.clamp(min=0)]                         # (Bm, lr)
+        kj = self.ids[:, c0:c1]                                    # (Bm, lc)
+        return ((qi[:, :, None] == kj[:, None, :]) & (pos >= 0)[None, :, None])[:, None]   # (Bm, 1, lr, lc)
 
     @staticmethod
     def _tile_range(ids: Tensor, size: int):
@@ -212,12 +213,18 @@ class DocumentMask(Mask):
         return lo.view(ids.shape[0], -1, size).amin(-1), hi.view(ids.shape[0], -1, size).amax(-1)
 
     def tile_kinds(self, L, S, block_q, block_k):
-        qlo, qhi = self._tile_range(self.ids[:, S - L:], block_q)    # (Bm, nq)
+        pos = torch.arange(L) + (S - L)
+        qlo, qhi = self._tile_range(self.ids[:, pos.clamp(min=0)], block_q)    # (Bm, nq)
         klo, khi = self._tile_range(self.ids, block_k)              # (Bm, nk)
         qlo, qhi, klo, khi = qlo[:, :, None], qhi[:, :, None], klo[:, None, :], khi[:, None, :]
         kinds = torch.full(torch.broadcast_shapes(qlo.shape, klo.shape), PARTIAL, dtype=torch.int8)
         kinds[(qlo == qhi) & (klo == khi) & (qlo == klo)] = FULL
         kinds[(qhi < klo) | (khi < qlo)] = EMPTY
+        # Rows with no position (L > S) see nothing: such tiles are at most PARTIAL, EMPTY if all rows are.
+        r0, r1, _, _ = _tile_starts(L, S, block_q, block_k)
+        first_pos, last_pos = (r0.T + (S - L)), (r1.T - 1 + (S - L))       # (1, nq)
+        kinds[(kinds == FULL) & (first_pos < 0)[:, :, None]] = PARTIAL
+        kinds[((last_pos < 0)[:, :, None]).expand_as(kinds)] = EMPTY
         return kinds
 
     def __repr__(self):

@@ -34,6 +34,8 @@ def dense_bias(bias: Optional[Bias], L: int, S: int) -> Optional[Tensor]:
 
 def safe_softmax(logits: Tensor) -> Tensor:
     """Softmax over the last dim; a row of all -inf (nothing to attend to) gives zeros, not NaN."""
+    if logits.shape[-1] == 0:                                          # S = 0: nothing to normalize
+        return logits
     m = logits.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))      # -inf rows: subtract 0 instead
     e = torch.exp(logits - m)

@@ -116,11 +116,11 @@ class _Problem:
 
 
 def _forward(pb: _Problem):
-    """Online-softmax forward. Returns out (B, Hkv, G, L, Dv) and lse (B, Hkv, G, L)."""
+    """Online-softmax forward: out (B, Hkv, G, L, Dv) in the accumulation dtype, lse (B, Hkv, G, L)."""
     B, Hkv, G, L, S, D, Dv = pb.dims
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
-    out5 = pb.q5.new_empty(B, Hkv, G, L, Dv)
+    out5 = pb.q5.new_empty(B, Hkv, G, L, Dv, dtype=acc_dt)
     lse5 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
     guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
     for bs, tiles in pb.plan.groups:
@@ -148,7 +148,7 @@ def _forward(pb: _Problem):
                     acc.add_(torch.bmm(p.to(dt), vt))
                 m = m_new
             o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
-            out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv).to(dt)
+            out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv)
             lse5[bs, :, :, t.r0:t.r1] = (m + torch.log(l)).view(-1, Hkv, G, t.r1 - t.r0)
     return out5, lse5
 
@@ -162,7 +162,8 @@ def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias
     B, Hkv, G, L, S, D, Dv = pb.dims
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
-    delta5 = (dout5.to(acc_dt) * out5.to(acc_dt)).sum(-1)                   # (B, Hkv, G, L)
+    # D_i = dO_i . O_i, from the unrounded output: rounding O to bf16 first would cost accuracy.
+    delta5 = (dout5.to(acc_dt) * out5).sum(-1)                              # (B, Hkv, G, L)
     lse5 = torch.where(lse5 == float("-inf"), float("inf"), lse5)          # empty rows: P = exp(-inf) = 0
     dq5 = torch.zeros(B, Hkv, G, L, D, dtype=acc_dt, device=pb.q5.device)
     dk4 = torch.zeros(B, Hkv, S, D, dtype=acc_dt, device=pb.q5.device)
@@ -217,11 +218,11 @@ class _TiledAttention(torch.autograd.Function):
     def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
                       cfg["dropout_p"], cfg["seed"], cfg["plan"])
-        out5, lse5 = _forward(pb)
+        out5, lse5 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
         ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse5, *bias_params)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(lse5)
-        return out5, lse5
+        return out5.to(q5.dtype), lse5
 
     @staticmethod
     def backward(ctx, dout5, _dlse):

@@ -1,0 +1,128 @@
+"""Conformance: every exact backend against the fp64 reference, the same-dtype reference and torch SDPA.
+
+The rule (flash-attention's): an optimized backend may be as inaccurate as naive PyTorch in the
+same dtype, within 2x for outputs and 3x for gradients, plus a small absolute floor.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlab as al
+from attnlab.functional.backends.reference import reference_attention
+from helpers import CANDIDATES, CASES, FLOOR, MASK_KINDS, errors, make_inputs, make_mask
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+
+
+@pytest.mark.parametrize("backend", sorted(CANDIDATES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_backend_matches_reference(backend, dtype, kind, case):
+    q, k, v, bias = make_inputs(case, dtype)
+    mask = make_mask(kind, case.B, case.H, case.L, case.S)
+    errs = errors(CANDIDATES[backend], q, k, v, bias, mask)
+    for name, (cand, ref) in errs.items():
+        factor = 2 if name == "out" else 3
+        assert cand <= factor * ref + FLOOR[dtype], f"{backend} {name}: err {cand:.2e} vs reference {ref:.2e}"
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "tiled", "auto"])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("case", CASES[:4], ids=str)
+def test_backend_equals_torch_sdpa(backend, kind, case):
+    """Through the public API, every backend equals F.scaled_dot_product_attention given the dense mask."""
+    q, k, v, bias = make_inputs(case, torch.float64, seed=3)
+    mask = make_mask(kind, case.B, case.H, case.L, case.S, seed=3)
+    out = al.attention(q, k, v, mask=mask, bias=bias, backend=backend)
+    attn_mask = None if mask is None else mask.dense(case.L, case.S)
+    if bias is not None:
+        attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=case.H != case.Hkv)
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "tiled"])
+def test_causal_equals_torch_is_causal_when_square(backend):
+    q, k, v = (torch.randn(2, 4, 37, 16, dtype=torch.float64) for _ in range(3))
+    out = al.attention(q, k, v, causal=True, backend=backend)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_causal_is_bottom_right_aligned():
+    """With a KV cache (L < S) the last query sees every key: decode needs no special case."""
+    q, k, v = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    torch.testing.assert_close(al.attention(q, k, v, causal=True), al.attention(q, k, v))
+    allowed = al.masks.causal().dense(2, 5)[0, 0]
+    assert allowed.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "tiled"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fully_masked_rows_give_zero_and_finite_grads(backend, dtype):
+    q, k, v = (torch.randn(2, 4, 20, 16, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = torch.rand(2, 4, 20, 20) > 0.5
+    mask[:, :, 3] = False
+    out = al.attention(q, k, v, mask=mask, backend=backend)
+    assert (out[:, :, 3] == 0).all()
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (q.grad[:, :, 3] == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "tiled"])
+def test_return_weights_are_exact(backend):
+    q, k, v = (torch.randn(2, 4, 30, 16, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(2, 1, 30, 30, dtype=torch.float64)
+    mask = al.masks.causal() & al.masks.padding(torch.tensor([30, 11]))
+    out, w = al.attention(q, k, v, mask=mask, bias=bias, backend=backend, return_weights=True)
+    _, want = reference_attention(q, k, v, mask=mask, bias=bias, scale=0.25, return_weights=True)
+    torch.testing.assert_close(w.to(want.dtype), want)
+    torch.testing.assert_close(out, w.to(v.dtype) @ v)
+    sums = w.sum(-1)
+    assert torch.allclose(sums, torch.ones_like(sums))
+
+
+def test_low_precision_inputs_softmax_in_fp32_and_output_in_input_dtype():
+    q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.bfloat16) for _ in range(3))
+    for backend in ("reference", "sdpa", "tiled"):
+        out, w = al.attention(q, k, v, backend=backend, return_weights=True)
+        assert out.dtype == torch.bfloat16 and w.dtype == torch.float32
+
+
+def test_fp32_bias_with_bf16_inputs_is_added_in_fp32():
+    q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(1, 2, 40, 40) * 3
+    want = reference_attention(q.double(), k.double(), v.double(), bias=bias.double(), scale=0.25)
+    ref = reference_attention(q, k, v, bias=bias, scale=0.25)
+    out = al.attention(q, k, v, bias=bias, backend="tiled")
+    assert (out.double() - want).abs().max() <= 2 * (ref.double() - want).abs().max() + 1e-3
+    with pytest.raises(ValueError, match="sdpa"):
+        al.attention(q, k, v, bias=bias, backend="sdpa")
+
+
+def test_empty_sequences():
+    q, k, v = torch.randn(2, 4, 0, 8), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 6)
+    for backend in ("auto", "sdpa", "tiled", "reference"):
+        assert al.attention(q, k, v, backend=backend).shape == (2, 4, 0, 6)
+    q = torch.randn(2, 4, 3, 8, requires_grad=True)
+    k, v = torch.randn(2, 4, 0, 8), torch.randn(2, 4, 0, 6)
+    for backend in ("auto", "sdpa", "tiled", "reference"):
+        out = al.attention(q, k, v, backend=backend)
+        assert out.shape == (2, 4, 3, 6) and (out == 0).all()
+        out.sum().backward()
+        assert (q.grad == 0).all()
+
+
+def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
+    q, k, v = (torch.randn(1, 8, 512, 64) for _ in range(3))
+    assert "auto -> sdpa" in al.explain(q, k, v)
+    assert "auto -> sdpa" in al.explain(q, k, v, causal=True)
+    text = al.explain(q, k, v, mask=al.masks.window(64, 64))
+    assert "auto -> tiled" in text and "not sdpa" in text and "not reference" in text
+    assert "auto -> tiled" in al.explain(q, k, v, bias=torch.zeros(512, 512))
+
+
+def test_available_backends_lists_the_registry():
+    assert {"reference", "sdpa", "tiled"} <= set(al.available_backends())
