@@ -241,13 +241,14 @@ class DenseMask(Mask):
                             f"for an additive float mask pass it as bias=")
         if allowed.dim() > 4:
             raise ValueError(f"mask has {allowed.dim()} dims {tuple(allowed.shape)}; it must broadcast to (B, H, L, S)")
+        self.given_shape = tuple(allowed.shape)
         self.allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
         self.batch = self.allowed.shape[0] if self.allowed.shape[0] != 1 else None
 
     def check(self, B, H, L, S):
         want = (B, H, L, S)
         if any(m not in (1, w) for m, w in zip(self.allowed.shape, want)):
-            raise ValueError(f"mask of shape {tuple(self.allowed.shape)} does not broadcast to "
+            raise ValueError(f"mask of shape {self.given_shape} does not broadcast to "
                              f"(B, H, L, S) = {want}: each dim must equal that size or 1")
 
     def block(self, r0, r1, c0, c1, L, S):
@@ -274,7 +275,7 @@ class DenseMask(Mask):
         return DenseMask(self.allowed.to(device))
 
     def __repr__(self):
-        return f"dense(bool tensor of shape {tuple(self.allowed.shape)})"
+        return f"dense(bool tensor of shape {self.given_shape})"
 
 
 class AndMask(Mask):

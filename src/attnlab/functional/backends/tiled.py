@@ -183,7 +183,7 @@ def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias
                 p = pb.logits(qt, bs, t, sp).sub_(lse).exp_()               # (n, R, lc) exact probabilities
                 pd = p
                 if pb.dropout_p > 0.0:
-                    keep = pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
+                    keep = pb.keep(bs, t, sp, p.shape).to(p.dtype) / (1.0 - pb.dropout_p)
                     pd = p * keep
                 kt, vt = pb.cols(pb.k4, bs, sp), pb.cols(pb.v4, bs, sp)      # (n, lc, D), (n, lc, Dv)
                 dv4[bs, :, sp.c0:sp.c1] += torch.bmm(pd.transpose(1, 2).to(dt), dot).view(-1, Hkv, lc, Dv)

@@ -1,0 +1,88 @@
+"""Structured masks: dense form is right, composition is AND, tile kinds agree with the dense form."""
+import pytest
+import torch
+
+from attnlab.functional import masks
+from attnlab.functional.masks import EMPTY, FULL, PARTIAL
+
+
+def brute_kinds(dense: torch.Tensor, L, S, bq, bk):
+    """Tile kinds from a (Bm, Hm, L, S) dense mask by looking at every entry."""
+    dense = dense.expand(-1, -1, L, S)
+    out = torch.empty(dense.shape[0], -(-L // bq), -(-S // bk), dtype=torch.int8)
+    for b in range(dense.shape[0]):
+        for i in range(out.shape[1]):
+            for j in range(out.shape[2]):
+                t = dense[b, :, i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+                out[b, i, j] = FULL if t.all() else EMPTY if not t.any() else PARTIAL
+    return out
+
+
+def all_masks(B=2, H=3, S=23):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor([[0] * 5 + [1] * 9 + [2] * 9, [0] * 12 + [1] * 11])
+    return {
+        "causal": masks.causal(),
+        "window": masks.window(4, 2),
+        "window_left_unbounded": masks.window(None, 1),
+        "padding": masks.padding(torch.tensor([23, 7])),
+        "documents": masks.documents(ids),
+        "documents_1d": masks.documents(ids[0]),
+        "dense": masks.dense(torch.rand(B, H, 1, S, generator=g) > 0.3),
+        "causal&padding": masks.causal() & masks.padding(torch.tensor([3, 20])),
+        "window&documents": masks.window(3, 3) & masks.documents(ids),
+    }
+
+
+@pytest.mark.parametrize("name", list(all_masks()))
+@pytest.mark.parametrize("L, S", [(23, 23), (9, 23), (30, 23), (1, 23)])
+@pytest.mark.parametrize("bq, bk", [(4, 8), (5, 3), (64, 64)])
+def test_tile_kinds_agree_with_dense(name, L, S, bq, bk):
+    m = all_masks()[name]
+    kinds = m.tile_kinds(L, S, bq, bk)
+    want = brute_kinds(m.dense(L, S), L, S, bq, bk)
+    # A structured mask may call a tile PARTIAL when it is really empty or full (conservative),
+    # but never EMPTY or FULL wrongly: that would drop or mis-mask real work.
+    k = kinds.expand_as(want)
+    assert ((k == EMPTY) <= (want == EMPTY)).all(), f"{name}: wrongly EMPTY tiles"
+    assert ((k == FULL) <= (want == FULL)).all(), f"{name}: wrongly FULL tiles"
+    if name in ("causal", "window", "padding", "window_left_unbounded", "dense"):
+        assert (k == want).all(), f"{name}: classification not exact"
+
+
+@pytest.mark.parametrize("name", list(all_masks()))
+def test_blocks_are_slices_of_dense(name):
+    m = all_masks()[name]
+    L, S = 17, 23
+    full = m.dense(L, S).expand(2, -1, L, S)
+    blk = m.block(3, 11, 5, 20, L, S).expand(2, -1, 8, 15)
+    assert torch.equal(blk, full[:, :, 3:11, 5:20])
+
+
+def test_dense_values():
+    assert masks.causal().dense(3, 3)[0, 0].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert masks.window(1, 0).dense(4, 4)[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    assert masks.padding([2, 3]).dense(1, 4)[:, 0, 0].int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+    d = masks.documents(torch.tensor([0, 0, 1, 1, 1])).dense(5, 5)[0, 0].int()
+    assert d.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1]]
+    # queries of a KV-cache step take the ids of the last positions
+    assert masks.documents(torch.tensor([0, 0, 1])).dense(1, 3)[0, 0].int().tolist() == [[0, 0, 1]]
+
+
+def test_and_is_intersection():
+    a, b = masks.causal(), masks.window(2, 2)
+    assert torch.equal((a & b).dense(6, 6), a.dense(6, 6) & b.dense(6, 6))
+
+
+@pytest.mark.parametrize("bad, err", [
+    (lambda: masks.padding(torch.tensor([1.5])), ValueError),
+    (lambda: masks.padding(torch.tensor([-1, 2])), ValueError),
+    (lambda: masks.window(-1, 0), ValueError),
+    (lambda: masks.window(2.5, 0), ValueError),
+    (lambda: masks.documents(torch.rand(4)), ValueError),
+    (lambda: masks.dense(torch.ones(3, 3)), TypeError),
+    (lambda: masks.padding([2, 3]) & masks.padding([1, 2, 3]), ValueError),
+])
+def test_bad_masks_are_rejected(bad, err):
+    with pytest.raises(err):
+        bad()

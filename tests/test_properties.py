@@ -1,0 +1,72 @@
+"""Properties over random shapes and masks (hypothesis): never NaN/inf; weight rows sum to 1 or 0."""
+import torch
+from hypothesis import given, settings, strategies as st
+
+import attnlab as al
+from attnlab.functional import masks
+from attnlab.functional.backends.tiled import tiled_attention
+
+
+@st.composite
+def problems(draw):
+    B = draw(st.integers(1, 2))
+    Hkv = draw(st.integers(1, 2))
+    H = Hkv * draw(st.integers(1, 3))
+    L, S = draw(st.integers(1, 24)), draw(st.integers(1, 24))
+    D, Dv = draw(st.sampled_from([1, 3, 8])), draw(st.sampled_from([1, 5, 8]))
+    seed = draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    kind = draw(st.sampled_from(["none", "causal", "window", "padding", "documents", "dense", "combo"]))
+    if kind == "none":
+        mask = None
+    elif kind == "causal":
+        mask = masks.causal()
+    elif kind == "window":
+        mask = masks.window(draw(st.integers(0, 5)), draw(st.integers(0, 5)))
+    elif kind == "padding":
+        mask = masks.padding(torch.randint(0, S + 1, (B,), generator=g))
+    elif kind == "documents":
+        mask = masks.documents(torch.sort(torch.randint(0, 3, (B, S), generator=g)).values)
+    elif kind == "dense":
+        mask = masks.dense(torch.rand(B, H, L, S, generator=g) > draw(st.floats(0.0, 1.0)))
+    else:
+        mask = masks.causal() & masks.dense(torch.rand(B, 1, L, S, generator=g) > 0.5)
+    scale = draw(st.sampled_from([None, 0.01, 1.0, 30.0]))       # 30: near-saturated softmax
+    bias = torch.randn(B, 1, L, S, generator=g) * draw(st.sampled_from([0.0, 1.0, 20.0])) \
+        if draw(st.booleans()) else None
+    block = draw(st.sampled_from([(4, 8), (8, 16), (None, None)]))
+    q = torch.randn(B, H, L, D, generator=g) * 3
+    k = torch.randn(B, Hkv, S, D, generator=g) * 3
+    v = torch.randn(B, Hkv, S, Dv, generator=g)
+    return q, k, v, mask, bias, scale, block
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.sampled_from(["reference", "sdpa", "tiled"]))
+def test_outputs_and_grads_finite_and_weights_normalized(problem, backend):
+    q, k, v, mask, bias, scale, block = problem
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    if bias is not None:
+        bias.requires_grad_()
+    out, w = al.attention(q, k, v, mask=mask, bias=bias, scale=scale, backend=backend, return_weights=True)
+    assert torch.isfinite(out).all() and torch.isfinite(w).all()
+    sums = w.sum(-1)
+    B, H, L, S = w.shape
+    allowed = mask.dense(L, S).expand(B, H, L, S) if mask is not None else torch.ones(B, H, L, S, dtype=torch.bool)
+    empty = ~allowed.any(-1)
+    assert torch.allclose(sums[~empty], torch.ones_like(sums[~empty]), atol=1e-5)
+    assert (sums[empty] == 0).all() and (out[empty] == 0).all()
+    assert (w[~allowed] == 0).all()
+    out.square().sum().backward()
+    for t in (q, k, v) + ((bias,) if bias is not None else ()):
+        assert torch.isfinite(t.grad).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems())
+def test_tiled_tile_sizes_do_not_change_the_result(problem):
+    q, k, v, mask, bias, scale, _ = problem
+    scale = scale or q.shape[-1] ** -0.5
+    a = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, block_q=4, block_k=8)
+    b = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, block_q=16, block_k=64)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
