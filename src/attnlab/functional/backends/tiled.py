@@ -9,6 +9,10 @@ the backward pass uses to recompute each tile's probabilities instead of storing
 GQA/MQA costs nothing extra: the G = H / Hkv query heads that share a kv head are stacked along
 the row axis, so one (G * rows, D) x (D, keys) matmul serves the whole group.
 
+Scores are kept in base 2 (q is pre-scaled by scale * log2(e), the bias added times log2(e)) so
+that the kernel can use exp2, which is about 3x faster than exp on this CPU at the same accuracy
+(1 ulp); the saved log-sum-exp is therefore in log2 units too (lse2 = lse / ln 2).
+
 Empty tiles of a structured mask are never visited, full ones get no masking work. Additive
 bias tensors (with gradient) and structured biases (``StructuredBias``, computed per tile, with
 gradient for their parameters) are supported, and so is dropout (counter-based, see ``dropout``).
@@ -32,6 +36,8 @@ from .tiled_plan import Plan, RowTile, Span, TileStats, make_plan
 __all__ = ["tiled_attention", "TileStats"]
 
 FINE_K = 64     # granularity at which the mask is classified; spans are merged runs of these
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def default_blocks(dtype: torch.dtype, masked: bool) -> tuple[int, int]:
@@ -53,6 +59,12 @@ def _batch(t: Tensor, bs: slice) -> Tensor:
     return t if t.shape[0] == 1 else t[bs]
 
 
+def _exp2_minus(s: Tensor, m: Tensor) -> Tensor:
+    """exp2(s - m) in m's (accumulation) dtype; a low-precision s is widened by the subtraction itself."""
+    p = torch.sub(s, m) if s.dtype != m.dtype else s.sub_(m)
+    return p.exp2_()
+
+
 def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
     """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
     dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
@@ -62,7 +74,7 @@ def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
 @dataclass
 class _Problem:
     """Everything the forward, backward and weight passes share."""
-    q5: Tensor                   # (B, Hkv, G, L, D) scaled queries, input dtype
+    q5: Tensor                   # (B, Hkv, G, L, D) queries times scale * log2(e), input dtype
     k4: Tensor                   # (B, Hkv, S, D)
     v4: Tensor                   # (B, Hkv, S, Dv)
     mask: Optional[Mask]
@@ -87,9 +99,15 @@ class _Problem:
         return x4[bs, :, sp.c0:sp.c1].flatten(0, 1)
 
     def logits(self, qt: Tensor, bs: slice, t: RowTile, sp: Span, params=None) -> Tensor:
-        """scale * q k^T + bias, masked: (Bg * Hkv, G * lr, lc) in the accumulation dtype."""
+        """log2(e) * (scale * q k^T + bias), masked: (Bg * Hkv, G * lr, lc).
+
+        In the accumulation dtype when a bias or mask is applied; otherwise low-precision scores
+        stay in the input dtype, to be widened by the subtraction that follows (one pass fewer).
+        """
         B, Hkv, G, L, S, _, _ = self.dims
         s = torch.bmm(qt, self.cols(self.k4, bs, sp).transpose(1, 2))       # (Bg*Hkv, G*lr, lc)
+        if self.bias_t is None and self.bias_s is None and not sp.masked:
+            return s
         s = s.to(accum_dtype(s.dtype))
         lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
         s5 = s.view(-1, Hkv, G, lr, lc)
@@ -97,10 +115,10 @@ class _Problem:
             b = self.bias_t
             rows = slice(t.r0, t.r1) if b.shape[2] != 1 else slice(None)
             cols = slice(sp.c0, sp.c1) if b.shape[3] != 1 else slice(None)
-            s5.add_(_to5(_batch(b, bs)[:, :, rows, cols], Hkv, G))
+            s5.add_(_to5(_batch(b, bs)[:, :, rows, cols], Hkv, G), alpha=LOG2E)
         if self.bias_s is not None:
             b = self.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
-            s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype))
+            s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
         if sp.masked:
             allowed = self.mask.block(t.r0, t.r1, sp.c0, sp.c1, L, S).to(s.device)
             s5.masked_fill_(~_to5(_batch(allowed, bs), Hkv, G), float("-inf"))
@@ -116,12 +134,12 @@ class _Problem:
 
 
 def _forward(pb: _Problem):
-    """Online-softmax forward: out (B, Hkv, G, L, Dv) in the accumulation dtype, lse (B, Hkv, G, L)."""
+    """Online-softmax forward: out (B, Hkv, G, L, Dv) in the accumulation dtype, lse2 (B, Hkv, G, L)."""
     B, Hkv, G, L, S, D, Dv = pb.dims
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
     out5 = pb.q5.new_empty(B, Hkv, G, L, Dv, dtype=acc_dt)
-    lse5 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
+    lse25 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
     guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
     for bs, tiles in pb.plan.groups:
         for t in tiles:
@@ -132,11 +150,11 @@ def _forward(pb: _Problem):
             acc = qt.new_zeros((n, R, Dv), dtype=acc_dt)
             for sp in t.spans:
                 s = pb.logits(qt, bs, t, sp)                                 # (n, R, lc)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(acc_dt))
                 # A row may still have seen only -inf: subtract 0 there so exp gives 0, not NaN.
                 m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
-                alpha = torch.exp(m - m_use)                                 # (n, R, 1) rescales old state
-                p = s.sub_(m_use).exp_()                                     # (n, R, lc), unnormalized
+                alpha = torch.exp2(m - m_use)                                # (n, R, 1) rescales old state
+                p = _exp2_minus(s, m_use)                                    # (n, R, lc), unnormalized
                 l.mul_(alpha).add_(p.sum(-1, keepdim=True))
                 if pb.dropout_p > 0.0:
                     p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
@@ -149,11 +167,11 @@ def _forward(pb: _Problem):
                 m = m_new
             o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
             out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv)
-            lse5[bs, :, :, t.r0:t.r1] = (m + torch.log(l)).view(-1, Hkv, G, t.r1 - t.r0)
-    return out5, lse5
+            lse25[bs, :, :, t.r0:t.r1] = (m + torch.log2(l)).view(-1, Hkv, G, t.r1 - t.r0)
+    return out5, lse25
 
 
-def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias: bool):
+def _backward(pb: _Problem, out5: Tensor, lse25: Tensor, dout5: Tensor, want_bias: bool):
     """FlashAttention-2 backward: recompute P from the LSE tile by tile.
 
     Returns gradients for the *scaled* queries q5 (autograd applies the scale), k, v, the bias
@@ -164,7 +182,7 @@ def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias
     acc_dt = accum_dtype(dt)
     # D_i = dO_i . O_i, from the unrounded output: rounding O to bf16 first would cost accuracy.
     delta5 = (dout5.to(acc_dt) * out5).sum(-1)                              # (B, Hkv, G, L)
-    lse5 = torch.where(lse5 == float("-inf"), float("inf"), lse5)          # empty rows: P = exp(-inf) = 0
+    lse25 = torch.where(lse25 == float("-inf"), float("inf"), lse25)          # empty rows: P = exp(-inf) = 0
     dq5 = torch.zeros(B, Hkv, G, L, D, dtype=acc_dt, device=pb.q5.device)
     dk4 = torch.zeros(B, Hkv, S, D, dtype=acc_dt, device=pb.q5.device)
     dv4 = torch.zeros(B, Hkv, S, Dv, dtype=acc_dt, device=pb.q5.device)
@@ -174,13 +192,13 @@ def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias
         for t in tiles:
             qt = pb.rows(pb.q5, bs, t)                                      # (n, R, D)
             dot = pb.rows(dout5, bs, t)                                     # (n, R, Dv)
-            lse = pb.rows(lse5.unsqueeze(-1), bs, t)                        # (n, R, 1)
+            lse = pb.rows(lse25.unsqueeze(-1), bs, t)                        # (n, R, 1)
             delta = pb.rows(delta5.unsqueeze(-1), bs, t)                    # (n, R, 1)
             dq = torch.zeros(qt.shape, dtype=acc_dt, device=qt.device)
             lr = t.r1 - t.r0
             for sp in t.spans:
                 lc = sp.c1 - sp.c0
-                p = pb.logits(qt, bs, t, sp).sub_(lse).exp_()               # (n, R, lc) exact probabilities
+                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)              # (n, R, lc) exact probabilities
                 pd = p
                 if pb.dropout_p > 0.0:
                     keep = pb.keep(bs, t, sp, p.shape).to(p.dtype) / (1.0 - pb.dropout_p)
@@ -210,7 +228,8 @@ def _backward(pb: _Problem, out5: Tensor, lse5: Tensor, dout5: Tensor, want_bias
                 dq.add_(torch.bmm(ds_lp, kt))
                 dk4[bs, :, sp.c0:sp.c1] += torch.bmm(ds_lp.transpose(1, 2), qt).view(-1, Hkv, lc, D)
             dq5[bs, :, :, t.r0:t.r1] = dq.view(-1, Hkv, G, lr, D)
-    return dq5, dk4, dv4, dbias, dparams
+    # ds is the gradient of the natural-log logits; q5 and k enter them through s2 * ln 2.
+    return dq5.mul_(LN2), dk4.mul_(LN2), dv4, dbias, dparams
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -218,35 +237,35 @@ class _TiledAttention(torch.autograd.Function):
     def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
                       cfg["dropout_p"], cfg["seed"], cfg["plan"])
-        out5, lse5 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
-        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse5, *bias_params)
+        out5, lse25 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
+        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse25, *bias_params)
         ctx.cfg = cfg
-        ctx.mark_non_differentiable(lse5)
-        return out5.to(q5.dtype), lse5
+        ctx.mark_non_differentiable(lse25)
+        return out5.to(q5.dtype), lse25
 
     @staticmethod
     def backward(ctx, dout5, _dlse):
-        q5, k, v, bias_t, out5, lse5, *params = ctx.saved_tensors
+        q5, k, v, bias_t, out5, lse25, *params = ctx.saved_tensors
         cfg = ctx.cfg
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params),
                       cfg["dropout_p"], cfg["seed"], cfg["plan"])
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
-        dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse5, dout5.contiguous(), want_bias)
+        dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse25, dout5.contiguous(), want_bias)
         return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias_t.dtype) if dbias is not None else None,
                 None, *[g.to(p.dtype) for g, p in zip(dparams, params)])
 
 
-def _weights(pb: _Problem, lse5: Tensor) -> Tensor:
+def _weights(pb: _Problem, lse25: Tensor) -> Tensor:
     """Exact attention weights (B, H, L, S) recomputed tile by tile from the saved LSE."""
     B, Hkv, G, L, S, _, _ = pb.dims
-    w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse5.dtype)
-    lse5 = torch.where(lse5 == float("-inf"), float("inf"), lse5)
+    w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse25.dtype)
+    lse25 = torch.where(lse25 == float("-inf"), float("inf"), lse25)
     for bs, tiles in pb.plan.groups:
         for t in tiles:
             qt = pb.rows(pb.q5, bs, t)
-            lse = pb.rows(lse5.unsqueeze(-1), bs, t)
+            lse = pb.rows(lse25.unsqueeze(-1), bs, t)
             for sp in t.spans:
-                p = pb.logits(qt, bs, t, sp).sub_(lse).exp_()
+                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)
                 w[bs, :, :, t.r0:t.r1, sp.c0:sp.c1] = p.view(-1, Hkv, G, t.r1 - t.r0, sp.c1 - sp.c0)
     return w.view(B, Hkv * G, L, S)
 
@@ -284,12 +303,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     params = bias_s.params if bias_s is not None else ()
     G = H // Hkv
     # Scale q once (O(L*D)) instead of every score tile (O(L*S)).
-    q5 = (q.to(accum_dtype(q.dtype)) * scale).to(q.dtype).reshape(B, Hkv, G, L, D)
+    q5 = (q.to(accum_dtype(q.dtype)) * (scale * LOG2E)).to(q.dtype).reshape(B, Hkv, G, L, D)
     cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan)
-    out5, lse5 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
+    out5, lse25 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():
             pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan)
-            return out, _weights(pb, lse5)
+            return out, _weights(pb, lse25)
     return out
