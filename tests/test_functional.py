@@ -126,3 +126,35 @@ def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
 
 def test_available_backends_lists_the_registry():
     assert {"reference", "sdpa", "tiled"} <= set(al.available_backends())
+
+
+@pytest.mark.parametrize("variant", ["plain", "mask", "gqa", "dv", "dropout", "strided", "bf16"])
+def test_sdpa_kernel_kind_mirrors_torch_choice(variant):
+    """auto's model of SDPA (flash vs math) must match what torch actually picks on this build."""
+    from attnlab.functional.backends.sdpa import sdpa_kernel_kind
+    from attnlab.functional.request import make_request
+    q, k, v = (torch.randn(1, 4, 64, 32) for _ in range(3))
+    mask, p = None, 0.0
+    if variant == "mask":
+        mask = torch.rand(64, 64) > 0.5
+    elif variant == "gqa":
+        k, v = k[:, :2], v[:, :2]
+    elif variant == "dv":
+        v = torch.randn(1, 4, 64, 16)
+    elif variant == "dropout":
+        p = 0.1
+    elif variant == "strided":
+        q = torch.randn(1, 4, 32, 64).transpose(2, 3)
+    elif variant == "bf16":
+        q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    torch_choice = torch._fused_sdp_choice(q, k, v, mask, p, enable_gqa=q.shape[1] != k.shape[1])
+    want = {0: "math", 1: "flash"}[torch_choice]
+    assert sdpa_kernel_kind(make_request(q, k, v, mask=mask, dropout_p=p)) == want
+
+
+def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
+    q, k, v = (torch.randn(1, 2, 512, 32) for _ in range(3))
+    assert "auto -> sdpa" in al.explain(q, k, v, mask=torch.rand(512, 512) > 0.5)
+    block_sparse = torch.zeros(512, 512, dtype=torch.bool)
+    block_sparse[:256, :256] = True
+    assert "auto -> tiled" in al.explain(q, k, v, mask=block_sparse)

@@ -9,15 +9,20 @@ from torch import Tensor
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .backends.reference import reference_attention
 from .backends.sdpa import sdpa_kernel_kind
+from .bias import StructuredBias
 from .dropout import new_seed
+from .masks import EMPTY, DenseMask
+from .masks import parts as mask_parts
 from .registry import Backend, all_backends, get_backend
 from .request import AttentionRequest, make_request
 
 __all__ = ["attention", "explain", "choose_backend"]
 
 # Below this many score entries per head, the tiled kernel's per-tile Python overhead costs more
-# than SDPA's math path saves (measured on the 2-core CI machine; see docs/benchmarks.md).
+# than SDPA saves (measured on the 2-core CI machine; see docs/benchmarks.md).
 SMALL_PROBLEM = 128 * 128
+# A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
+MIN_SKIPPABLE = 0.25
 
 
 def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
@@ -25,18 +30,35 @@ def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
             for b in all_backends()]
 
 
+def _skippable(req: AttentionRequest) -> float:
+    """Fraction of (query tile, key tile) pairs the mask leaves empty (0 without a mask)."""
+    if req.mask is None:
+        return 0.0
+    _, _, _, L, S, _, _ = req.shape
+    kinds = req.mask.tile_kinds(L, S, 256, 64)
+    return float((kinds == EMPTY).float().mean())
+
+
 def _auto(req: AttentionRequest) -> tuple[str, str]:
     """(backend name, reason) for the fastest exact backend that honours ``req``."""
     _, _, _, L, S, _, _ = req.shape
     runnable = {b.name for b, why in _candidates(req) if why is None}
-    if "sdpa" in runnable and sdpa_kernel_kind(req) == "flash":
+    sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
+    plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
+    if sdpa_ok and plain:
         return "sdpa", "no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact path"
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
-        return "sdpa", (f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off; "
-                        f"SDPA's math path is quickest")
+        return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
+    elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
+    if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
+        skip = _skippable(req)
+        if skip < MIN_SKIPPABLE:
+            return "sdpa", (f"a dense mask with only {skip:.0%} empty tiles: SDPA's fused kernel applies it "
+                            f"faster than tiling can skip")
     if "tiled" in runnable:
-        return "tiled", ("a mask or bias is involved: SDPA would fall back to its O(L*S)-memory math path; "
-                         "the tiled kernel skips empty tiles and keeps O(L+S) memory")
+        return "tiled", ("a mask or bias is involved: SDPA would compute every pair and need the dense "
+                         "(L, S) mask in memory; the tiled kernel skips empty tiles, computes structured "
+                         "masks and biases per tile and keeps O(L + S) memory")
     for name in ("sdpa", "reference"):
         if name in runnable:
             return name, "the only exact backend that honours this request"
@@ -111,7 +133,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
             continue
         if why is None:
             why = "exact, but slower for this request" + (
-                " (SDPA with a mask or bias runs its O(L*S) math path)" if b.name == "sdpa" else
+                " (SDPA computes every pair, and needs the dense mask/bias)" if b.name == "sdpa" else
                 " (materializes the (B, H, L, S) scores)" if b.name == "reference" else "")
         lines.append(f"  not {b.name}: {why}")
     return "\n".join(lines)

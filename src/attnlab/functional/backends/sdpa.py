@@ -5,9 +5,11 @@ Two mismatches are handled here:
 * SDPA's ``is_causal`` is top-left aligned (query i sees keys j <= i). attnlab's causal is
   bottom-right aligned, so ``is_causal`` is used only when L == S and causal is the whole mask;
   otherwise the mask is passed densely.
-* Any ``attn_mask`` keeps SDPA off its CPU flash kernel: it falls back to the math path, which
-  materializes (B, H, L, S) scores -- O(L * S) memory and about a quarter of flash's speed here.
-  ``auto`` therefore sends masked and biased requests to the tiled backend.
+* SDPA (CPU, torch 2.13) runs its fused flash kernel with or without an ``attn_mask``, but with
+  a mask it still computes every (query, key) pair -- nothing is skipped -- and the dense (L, S)
+  mask (plus a float copy) must exist in memory. Dropout, Dv != D or a non-unit last stride send it
+  to the math path, which materializes the (B, H, L, S) scores. ``auto`` therefore sends requests
+  whose mask leaves tiles to skip, and structured biases, to the tiled backend.
 
 Dropout uses torch's own RNG stream inside SDPA, so it does not reproduce the reference/tiled
 keep mask for a given seed (it is the same distribution).
@@ -35,15 +37,16 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
 
 
 def sdpa_kernel_kind(req: AttentionRequest) -> str:
-    """Which SDPA path a request takes on CPU: 'flash' (no mask, or causal with L == S) or 'math'."""
-    _, _, _, L, S, _, _ = req.shape
-    if req.bias is None and (req.mask is None or (req.is_causal_only and L == S)):
-        return "flash"
-    return "math"
+    """Which SDPA kernel a request gets on CPU: 'flash' or 'math' (mirrors torch's own choice,
+    ``torch._fused_sdp_choice``, which a test keeps in step)."""
+    q, k, v = req.q, req.k, req.v
+    if req.dropout_p > 0.0 or v.shape[-1] != q.shape[-1] or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return "math"
+    return "flash"
 
 
 @register_backend("sdpa", unsupported=_unsupported,
-                  summary="torch SDPA: flash kernel without a mask, O(n^2) math path with one")
+                  summary="torch SDPA: fused flash kernel over every pair (dense mask); math path for dropout, Dv != D")
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
                    bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
                    dropout_seed: Optional[int] = None, return_weights: bool = False):

@@ -127,10 +127,9 @@ class _Problem:
     def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:
         """The dropout keep mask of this tile, in the (Bg * Hkv, G * lr, lc) layout."""
         B, Hkv, G, _, _, _, _ = self.dims
-        Bg = len(range(B)[bs])
         keep = keep_mask(self.seed, self.dropout_p, B, Hkv * G, t.r0, t.r1, sp.c0, sp.c1,
                          device=self.q5.device)[bs]                          # (Bg, H, lr, lc)
-        return keep.reshape(shape) if Bg else keep
+        return keep.reshape(shape)
 
 
 def _forward(pb: _Problem):
@@ -139,7 +138,7 @@ def _forward(pb: _Problem):
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
     out5 = pb.q5.new_empty(B, Hkv, G, L, Dv, dtype=acc_dt)
-    lse25 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
+    lse2 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
     guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
     for bs, tiles in pb.plan.groups:
         for t in tiles:
@@ -167,11 +166,11 @@ def _forward(pb: _Problem):
                 m = m_new
             o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
             out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv)
-            lse25[bs, :, :, t.r0:t.r1] = (m + torch.log2(l)).view(-1, Hkv, G, t.r1 - t.r0)
-    return out5, lse25
+            lse2[bs, :, :, t.r0:t.r1] = (m + torch.log2(l)).view(-1, Hkv, G, t.r1 - t.r0)
+    return out5, lse2
 
 
-def _backward(pb: _Problem, out5: Tensor, lse25: Tensor, dout5: Tensor, want_bias: bool):
+def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias: bool):
     """FlashAttention-2 backward: recompute P from the LSE tile by tile.
 
     Returns gradients for the *scaled* queries q5 (autograd applies the scale), k, v, the bias
@@ -182,7 +181,7 @@ def _backward(pb: _Problem, out5: Tensor, lse25: Tensor, dout5: Tensor, want_bia
     acc_dt = accum_dtype(dt)
     # D_i = dO_i . O_i, from the unrounded output: rounding O to bf16 first would cost accuracy.
     delta5 = (dout5.to(acc_dt) * out5).sum(-1)                              # (B, Hkv, G, L)
-    lse25 = torch.where(lse25 == float("-inf"), float("inf"), lse25)          # empty rows: P = exp(-inf) = 0
+    lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)          # empty rows: P = exp(-inf) = 0
     dq5 = torch.zeros(B, Hkv, G, L, D, dtype=acc_dt, device=pb.q5.device)
     dk4 = torch.zeros(B, Hkv, S, D, dtype=acc_dt, device=pb.q5.device)
     dv4 = torch.zeros(B, Hkv, S, Dv, dtype=acc_dt, device=pb.q5.device)
@@ -192,7 +191,7 @@ def _backward(pb: _Problem, out5: Tensor, lse25: Tensor, dout5: Tensor, want_bia
         for t in tiles:
             qt = pb.rows(pb.q5, bs, t)                                      # (n, R, D)
             dot = pb.rows(dout5, bs, t)                                     # (n, R, Dv)
-            lse = pb.rows(lse25.unsqueeze(-1), bs, t)                        # (n, R, 1)
+            lse = pb.rows(lse2.unsqueeze(-1), bs, t)                        # (n, R, 1)
             delta = pb.rows(delta5.unsqueeze(-1), bs, t)                    # (n, R, 1)
             dq = torch.zeros(qt.shape, dtype=acc_dt, device=qt.device)
             lr = t.r1 - t.r0
@@ -237,33 +236,33 @@ class _TiledAttention(torch.autograd.Function):
     def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
                       cfg["dropout_p"], cfg["seed"], cfg["plan"])
-        out5, lse25 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
-        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse25, *bias_params)
+        out5, lse2 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
+        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse2, *bias_params)
         ctx.cfg = cfg
-        ctx.mark_non_differentiable(lse25)
-        return out5.to(q5.dtype), lse25
+        ctx.mark_non_differentiable(lse2)
+        return out5.to(q5.dtype), lse2
 
     @staticmethod
     def backward(ctx, dout5, _dlse):
-        q5, k, v, bias_t, out5, lse25, *params = ctx.saved_tensors
+        q5, k, v, bias_t, out5, lse2, *params = ctx.saved_tensors
         cfg = ctx.cfg
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params),
                       cfg["dropout_p"], cfg["seed"], cfg["plan"])
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
-        dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse25, dout5.contiguous(), want_bias)
+        dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse2, dout5.contiguous(), want_bias)
         return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias_t.dtype) if dbias is not None else None,
                 None, *[g.to(p.dtype) for g, p in zip(dparams, params)])
 
 
-def _weights(pb: _Problem, lse25: Tensor) -> Tensor:
+def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
     """Exact attention weights (B, H, L, S) recomputed tile by tile from the saved LSE."""
     B, Hkv, G, L, S, _, _ = pb.dims
-    w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse25.dtype)
-    lse25 = torch.where(lse25 == float("-inf"), float("inf"), lse25)
+    w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse2.dtype)
+    lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)
     for bs, tiles in pb.plan.groups:
         for t in tiles:
             qt = pb.rows(pb.q5, bs, t)
-            lse = pb.rows(lse25.unsqueeze(-1), bs, t)
+            lse = pb.rows(lse2.unsqueeze(-1), bs, t)
             for sp in t.spans:
                 p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)
                 w[bs, :, :, t.r0:t.r1, sp.c0:sp.c1] = p.view(-1, Hkv, G, t.r1 - t.r0, sp.c1 - sp.c0)
@@ -305,10 +304,10 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     # Scale q once (O(L*D)) instead of every score tile (O(L*S)).
     q5 = (q.to(accum_dtype(q.dtype)) * (scale * LOG2E)).to(q.dtype).reshape(B, Hkv, G, L, D)
     cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan)
-    out5, lse25 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
+    out5, lse2 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():
             pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan)
-            return out, _weights(pb, lse25)
+            return out, _weights(pb, lse2)
     return out
