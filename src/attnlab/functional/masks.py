@@ -70,9 +70,6 @@ class Mask:
 
     #: batch size the mask is tied to (padding lengths, document ids, dense masks), or None.
     batch: Optional[int] = None
-    #: whether allowed(i, j) depends only on j - i (causal, window): then equally shaped tiles
-    #: along the diagonal share one mask block, and the tiled kernel can batch them.
-    translation_invariant: bool = False
 
     def block(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int) -> Tensor:
         raise NotImplementedError
@@ -102,8 +99,6 @@ class Mask:
 class CausalMask(Mask):
     """Query i may see key j iff j <= i + S - L (bottom-right aligned)."""
 
-    translation_invariant = True
-
     def block(self, r0, r1, c0, c1, L, S):
         i = torch.arange(r0, r1)[:, None] + (S - L)
         j = torch.arange(c0, c1)[None, :]
@@ -121,8 +116,6 @@ class CausalMask(Mask):
 
 class WindowMask(Mask):
     """Query at position p = i + S - L may see keys p - left <= j <= p + right; None = unbounded."""
-
-    translation_invariant = True
 
     def __init__(self, left: Optional[int], right: Optional[int]):
         for name, val in (("left", left), ("right", right)):
@@ -290,7 +283,6 @@ class AndMask(Mask):
 
     def __init__(self, a: Mask, b: Mask):
         self.a, self.b = a, b
-        self.translation_invariant = a.translation_invariant and b.translation_invariant
         batches = {x for x in (a.batch, b.batch) if x is not None}
         if len(batches) > 1:
             raise ValueError(f"cannot combine masks for batch sizes {sorted(batches)}")

@@ -38,7 +38,6 @@ __all__ = ["tiled_attention", "TileStats"]
 FINE_K = 64     # granularity at which the mask is classified; spans are merged runs of these
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-RUN_ROWS = 1024  # most rows a run of equal tiles may span (bounds the run's score buffer)
 
 
 def default_blocks(dtype: torch.dtype, masked: bool) -> tuple[int, int]:
@@ -48,11 +47,11 @@ def default_blocks(dtype: torch.dtype, masked: bool) -> tuple[int, int]:
     return 256, 512
 
 
-def _to6(t: Tensor, Hkv: int, G: int) -> Tensor:
-    """(B|1, H|1, r, c) -> (B|1, Hkv|1, 1, G|1, r, c): the head split of q rows, plus a run axis."""
+def _to5(t: Tensor, Hkv: int, G: int) -> Tensor:
+    """(B|1, H|1, r, c) -> (B|1, Hkv|1, G|1, r, c): split the head dim the way q is grouped."""
     if t.shape[1] == 1:
-        return t[:, :, None, None]
-    return t.unflatten(1, (Hkv, G)).unsqueeze(2)
+        return t.unsqueeze(2)
+    return t.unflatten(1, (Hkv, G))
 
 
 def _batch(t: Tensor, bs: slice) -> Tensor:
@@ -72,21 +71,12 @@ def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
     return x.sum(dims, keepdim=True) if dims else x
 
 
-def _no_logit(lse2: Tensor) -> Tensor:
-    """LSE for recomputing P = exp2(s - lse): +inf on empty rows, so their P is exactly 0."""
-    return torch.where(lse2 == float("-inf"), float("inf"), lse2)
-
-
 @dataclass
 class _Problem:
-    """Everything the forward, backward and weight passes share.
-
-    A row tile (or run of T equal tiles of h rows) is handled as (n, T, R, X) tensors with
-    n = Bg * Hkv and R = G * h: the G query heads of a kv head stacked along the rows.
-    """
+    """Everything the forward, backward and weight passes share."""
     q5: Tensor                   # (B, Hkv, G, L, D) queries times scale * log2(e), input dtype
-    k4: Tensor                   # (B, Hkv, S, D) contiguous
-    v4: Tensor                   # (B, Hkv, S, Dv) contiguous
+    k4: Tensor                   # (B, Hkv, S, D)
+    v4: Tensor                   # (B, Hkv, S, Dv)
     mask: Optional[Mask]
     bias_t: Optional[Tensor]     # (B|1, H|1, L|1, S|1)
     bias_s: Optional[StructuredBias]
@@ -101,57 +91,44 @@ class _Problem:
         return B, Hkv, G, L, self.k4.shape[2], D, self.v4.shape[3]
 
     def rows(self, x5: Tensor, bs: slice, t: RowTile) -> Tensor:
-        """(B, Hkv, G, L, X) -> (n, T, G * h, X): the rows of a run of T tiles of h rows."""
-        Bg, Hkv, G, _, X = x5[bs].shape
-        x = x5[bs, :, :, t.r0:t.r0 + t.count * t.height].unflatten(3, (t.count, t.height))
-        return x.permute(0, 1, 3, 2, 4, 5).reshape(Bg * Hkv, t.count, G * t.height, X)
+        """(Bg, Hkv, G, L, X) -> (Bg * Hkv, G * lr, X): one row tile of q-shaped data."""
+        return x5[bs, :, :, t.r0:t.r1].flatten(0, 1).flatten(1, 2)
 
-    def put_rows(self, x5: Tensor, bs: slice, t: RowTile, val: Tensor) -> None:
-        """The inverse of ``rows``: write (n, T, G * h, X) back into (B, Hkv, G, L, X)."""
-        Bg, Hkv, G, _, X = x5[bs].shape
-        val = val.view(Bg, Hkv, t.count, G, t.height, X).permute(0, 1, 3, 2, 4, 5)
-        x5[bs, :, :, t.r0:t.r0 + t.count * t.height] = val.reshape(Bg, Hkv, G, -1, X)
-
-    def cols(self, x4: Tensor, bs: slice, t: RowTile, sp: Span) -> Tensor:
-        """(B, Hkv, S, X) -> (n, T, w, X): the span's keys for each tile of the run (a strided view)."""
-        x3 = x4[bs].flatten(0, 1)                                           # (n, S, X)
-        n, S, X = x3.shape
-        return x3.as_strided((n, t.count, sp.c1 - sp.c0, X), (S * X, t.height * X, X, 1),
-                             x3.storage_offset() + sp.c0 * X)
+    def cols(self, x4: Tensor, bs: slice, sp: Span) -> Tensor:
+        """(Bg, Hkv, S, X) -> (Bg * Hkv, lc, X): one key span of k- or v-shaped data."""
+        return x4[bs, :, sp.c0:sp.c1].flatten(0, 1)
 
     def logits(self, qt: Tensor, bs: slice, t: RowTile, sp: Span, params=None) -> Tensor:
-        """log2(e) * (scale * q k^T + bias), masked: (n, T, R, w).
+        """log2(e) * (scale * q k^T + bias), masked: (Bg * Hkv, G * lr, lc).
 
         In the accumulation dtype when a bias or mask is applied; otherwise low-precision scores
         stay in the input dtype, to be widened by the subtraction that follows (one pass fewer).
-        Runs (T > 1) only exist without a bias and for translation-invariant masks, so one bias
-        or mask block -- the first tile's -- serves the whole run.
         """
         B, Hkv, G, L, S, _, _ = self.dims
-        s = torch.matmul(qt, self.cols(self.k4, bs, t, sp).transpose(-1, -2))   # (n, T, R, w)
+        s = torch.bmm(qt, self.cols(self.k4, bs, sp).transpose(1, 2))       # (Bg*Hkv, G*lr, lc)
         if self.bias_t is None and self.bias_s is None and not sp.masked:
             return s
         s = s.to(accum_dtype(s.dtype))
-        h, w = t.height, sp.c1 - sp.c0
-        s6 = s.view(-1, Hkv, t.count, G, h, w)
+        lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
+        s5 = s.view(-1, Hkv, G, lr, lc)
         if self.bias_t is not None:
             b = self.bias_t
             rows = slice(t.r0, t.r1) if b.shape[2] != 1 else slice(None)
             cols = slice(sp.c0, sp.c1) if b.shape[3] != 1 else slice(None)
-            s6.add_(_to6(_batch(b, bs)[:, :, rows, cols], Hkv, G), alpha=LOG2E)
+            s5.add_(_to5(_batch(b, bs)[:, :, rows, cols], Hkv, G), alpha=LOG2E)
         if self.bias_s is not None:
             b = self.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
-            s6.add_(_to6(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
+            s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
         if sp.masked:
             allowed = self.mask.block(t.r0, t.r1, sp.c0, sp.c1, L, S).to(s.device)
-            s6.masked_fill_(~_to6(_batch(allowed, bs), Hkv, G), float("-inf"))
+            s5.masked_fill_(~_to5(_batch(allowed, bs), Hkv, G), float("-inf"))
         return s
 
     def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:
-        """The dropout keep mask of one tile (T = 1), in the (n, 1, R, w) layout."""
+        """The dropout keep mask of this tile, in the (Bg * Hkv, G * lr, lc) layout."""
         B, Hkv, G, _, _, _, _ = self.dims
         keep = keep_mask(self.seed, self.dropout_p, B, Hkv * G, t.r0, t.r1, sp.c0, sp.c1,
-                         device=self.q5.device)[bs]                          # (Bg, H, h, w)
+                         device=self.q5.device)[bs]                          # (Bg, H, lr, lc)
         return keep.reshape(shape)
 
 
@@ -161,38 +138,40 @@ def _forward(pb: _Problem):
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
     out5 = pb.q5.new_empty(B, Hkv, G, L, Dv, dtype=acc_dt)
-    lse2 = pb.q5.new_empty(B, Hkv, G, L, 1, dtype=acc_dt)
+    lse2 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
     guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
     for bs, tiles in pb.plan.groups:
         for t in tiles:
-            qt = pb.rows(pb.q5, bs, t)                                      # (n, T, R, D)
-            m = qt.new_full(qt.shape[:-1] + (1,), float("-inf"), dtype=acc_dt)   # running max (n, T, R, 1)
-            l = torch.zeros_like(m)                                         # running sum
-            acc = qt.new_zeros(qt.shape[:-1] + (Dv,), dtype=acc_dt)         # unnormalized out (n, T, R, Dv)
+            qt = pb.rows(pb.q5, bs, t)                                      # (Bg*Hkv, G*lr, D)
+            n, R = qt.shape[0], qt.shape[1]
+            m = qt.new_full((n, R, 1), float("-inf"), dtype=acc_dt)
+            l = qt.new_zeros((n, R, 1), dtype=acc_dt)
+            acc = qt.new_zeros((n, R, Dv), dtype=acc_dt)
             for sp in t.spans:
-                s = pb.logits(qt, bs, t, sp)                                 # (n, T, R, w)
+                s = pb.logits(qt, bs, t, sp)                                 # (n, R, lc)
                 m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(acc_dt))
                 # A row may still have seen only -inf: subtract 0 there so exp gives 0, not NaN.
                 m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
-                alpha = torch.exp2(m - m_use)                                # rescales the old state
-                p = _exp2_minus(s, m_use)                                    # (n, T, R, w), unnormalized
+                alpha = torch.exp2(m - m_use)                                # (n, R, 1) rescales old state
+                p = _exp2_minus(s, m_use)                                    # (n, R, lc), unnormalized
                 l.mul_(alpha).add_(p.sum(-1, keepdim=True))
                 if pb.dropout_p > 0.0:
                     p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
-                vt = pb.cols(pb.v4, bs, t, sp)                               # (n, T, w, Dv)
+                vt = pb.cols(pb.v4, bs, sp)                                  # (n, lc, Dv)
                 acc.mul_(alpha)
                 if dt == acc_dt:
-                    acc.view(-1, *acc.shape[2:]).baddbmm_(p.view(-1, *p.shape[2:]), vt.reshape(-1, *vt.shape[2:]))
+                    acc.baddbmm_(p, vt)
                 else:
-                    acc.add_(torch.matmul(p.to(dt), vt))
+                    acc.add_(torch.bmm(p.to(dt), vt))
                 m = m_new
-            pb.put_rows(out5, bs, t, acc / l.clamp_min(torch.finfo(acc_dt).tiny))   # rows with l == 0 -> 0
-            pb.put_rows(lse2, bs, t, m + torch.log2(l))
-    return out5, lse2.squeeze(-1)
+            o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
+            out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv)
+            lse2[bs, :, :, t.r0:t.r1] = (m + torch.log2(l)).view(-1, Hkv, G, t.r1 - t.r0)
+    return out5, lse2
 
 
 def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias: bool):
-    """FlashAttention-2 backward: recompute P from the LSE tile by tile (single tiles, T = 1).
+    """FlashAttention-2 backward: recompute P from the LSE tile by tile.
 
     Returns gradients for the *scaled* queries q5 (autograd applies the scale), k, v, the bias
     tensor and the structured bias parameters.
@@ -201,51 +180,53 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
     # D_i = dO_i . O_i, from the unrounded output: rounding O to bf16 first would cost accuracy.
-    delta5 = (dout5.to(acc_dt) * out5).sum(-1, keepdim=True)                # (B, Hkv, G, L, 1)
-    lse2 = _no_logit(lse2).unsqueeze(-1)                                    # (B, Hkv, G, L, 1)
+    delta5 = (dout5.to(acc_dt) * out5).sum(-1)                              # (B, Hkv, G, L)
+    lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)          # empty rows: P = exp(-inf) = 0
     dq5 = torch.zeros(B, Hkv, G, L, D, dtype=acc_dt, device=pb.q5.device)
     dk4 = torch.zeros(B, Hkv, S, D, dtype=acc_dt, device=pb.q5.device)
     dv4 = torch.zeros(B, Hkv, S, Dv, dtype=acc_dt, device=pb.q5.device)
     dbias = torch.zeros_like(pb.bias_t, dtype=acc_dt) if want_bias else None
     dparams = [torch.zeros_like(p) for p in pb.bias_params]
-    for bs, tiles in pb.plan.single_tiles():
+    for bs, tiles in pb.plan.groups:
         for t in tiles:
-            qt = pb.rows(pb.q5, bs, t)                                      # (n, 1, R, D)
-            dot = pb.rows(dout5, bs, t)                                     # (n, 1, R, Dv)
-            lse, delta = pb.rows(lse2, bs, t), pb.rows(delta5, bs, t)      # (n, 1, R, 1) each
+            qt = pb.rows(pb.q5, bs, t)                                      # (n, R, D)
+            dot = pb.rows(dout5, bs, t)                                     # (n, R, Dv)
+            lse = pb.rows(lse2.unsqueeze(-1), bs, t)                        # (n, R, 1)
+            delta = pb.rows(delta5.unsqueeze(-1), bs, t)                    # (n, R, 1)
             dq = torch.zeros(qt.shape, dtype=acc_dt, device=qt.device)
-            h = t.height
+            lr = t.r1 - t.r0
             for sp in t.spans:
-                w = sp.c1 - sp.c0
-                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)              # (n, 1, R, w) exact probabilities
+                lc = sp.c1 - sp.c0
+                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)              # (n, R, lc) exact probabilities
                 pd = p
                 if pb.dropout_p > 0.0:
                     keep = pb.keep(bs, t, sp, p.shape).to(p.dtype) / (1.0 - pb.dropout_p)
                     pd = p * keep
-                kt, vt = pb.cols(pb.k4, bs, t, sp), pb.cols(pb.v4, bs, t, sp)   # (n, 1, w, D), (n, 1, w, Dv)
-                dv4[bs, :, sp.c0:sp.c1] += torch.matmul(pd.transpose(-1, -2).to(dt), dot).view(-1, Hkv, w, Dv)
-                dp = torch.matmul(dot, vt.transpose(-1, -2)).to(acc_dt)     # (n, 1, R, w)
+                kt, vt = pb.cols(pb.k4, bs, sp), pb.cols(pb.v4, bs, sp)      # (n, lc, D), (n, lc, Dv)
+                dv4[bs, :, sp.c0:sp.c1] += torch.bmm(pd.transpose(1, 2).to(dt), dot).view(-1, Hkv, lc, Dv)
+                dp = torch.bmm(dot, vt.transpose(1, 2)).to(acc_dt)          # (n, R, lc)
                 if pb.dropout_p > 0.0:
                     dp.mul_(keep)
-                ds = p.mul_(dp.sub_(delta))                                 # (n, 1, R, w) d logits
+                ds = p.mul_(dp.sub_(delta))                                 # (n, R, lc) d logits
                 if dbias is not None:
+                    g = ds.view(-1, Hkv * G, lr, lc)
                     rows = slice(t.r0, t.r1) if dbias.shape[2] != 1 else slice(None)
                     cols = slice(sp.c0, sp.c1) if dbias.shape[3] != 1 else slice(None)
                     target = _batch(dbias, bs)[:, :, rows, cols]
-                    target += _reduce_to(ds.view(-1, Hkv * G, h, w), target.shape)
+                    target += _reduce_to(g, target.shape)
                 if dparams:
                     with torch.enable_grad():
                         params = [p_.detach().requires_grad_() for p_ in pb.bias_params]
                         b = pb.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, tuple(params))
-                        g = _reduce_to(ds.view(-1, Hkv * G, h, w), b.shape).to(b.dtype)
+                        g = _reduce_to(ds.view(-1, Hkv * G, lr, lc), b.shape).to(b.dtype)
                         grads = torch.autograd.grad(b, params, g, allow_unused=True)
                     for acc_g, g_ in zip(dparams, grads):
                         if g_ is not None:
                             acc_g += g_
                 ds_lp = ds.to(dt)
-                dq.add_(torch.matmul(ds_lp, kt))
-                dk4[bs, :, sp.c0:sp.c1] += torch.matmul(ds_lp.transpose(-1, -2), qt).view(-1, Hkv, w, D)
-            pb.put_rows(dq5, bs, t, dq)
+                dq.add_(torch.bmm(ds_lp, kt))
+                dk4[bs, :, sp.c0:sp.c1] += torch.bmm(ds_lp.transpose(1, 2), qt).view(-1, Hkv, lc, D)
+            dq5[bs, :, :, t.r0:t.r1] = dq.view(-1, Hkv, G, lr, D)
     # ds is the gradient of the natural-log logits; q5 and k enter them through s2 * ln 2.
     return dq5.mul_(LN2), dk4.mul_(LN2), dv4, dbias, dparams
 
@@ -253,10 +234,10 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
-        pb = _Problem(q5, k.contiguous(), v.contiguous(), cfg["mask"], bias_t, cfg["bias_s"], bias_params,
+        pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
                       cfg["dropout_p"], cfg["seed"], cfg["plan"])
         out5, lse2 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
-        ctx.save_for_backward(pb.q5, pb.k4, pb.v4, bias_t, out5, lse2, *bias_params)
+        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse2, *bias_params)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(lse2)
         return out5.to(q5.dtype), lse2
@@ -277,13 +258,14 @@ def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
     """Exact attention weights (B, H, L, S) recomputed tile by tile from the saved LSE."""
     B, Hkv, G, L, S, _, _ = pb.dims
     w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse2.dtype)
-    lse2 = _no_logit(lse2).unsqueeze(-1)
-    for bs, tiles in pb.plan.single_tiles():
+    lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)
+    for bs, tiles in pb.plan.groups:
         for t in tiles:
-            qt, lse = pb.rows(pb.q5, bs, t), pb.rows(lse2, bs, t)
+            qt = pb.rows(pb.q5, bs, t)
+            lse = pb.rows(lse2.unsqueeze(-1), bs, t)
             for sp in t.spans:
-                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)              # (n, 1, R, w)
-                w[bs, :, :, t.r0:t.r1, sp.c0:sp.c1] = p.view(-1, Hkv, G, t.height, sp.c1 - sp.c0)
+                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)
+                w[bs, :, :, t.r0:t.r1, sp.c0:sp.c1] = p.view(-1, Hkv, G, t.r1 - t.r0, sp.c1 - sp.c0)
     return w.view(B, Hkv * G, L, S)
 
 
@@ -312,9 +294,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     dq, dk = default_blocks(q.dtype, mask is not None)
     block_q, block_k = block_q or dq, block_k or dk
     fine = min(FINE_K, block_k)
-    # Runs need one mask block for many tiles: no bias tensor and no per-tile dropout draws.
-    runs = RUN_ROWS if bias is None and dropout_p == 0.0 else 0
-    plan = make_plan(mask, B, L, S, block_q, block_k, fine, run_rows=runs)
+    plan = make_plan(mask, B, L, S, block_q, block_k, fine)
     if stats is not None:
         stats.add(plan.stats)
     bias_t = bias if isinstance(bias, Tensor) else None
@@ -328,6 +308,6 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():
-            pb = _Problem(q5, k.contiguous(), v.contiguous(), mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan)
+            pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan)
             return out, _weights(pb, lse2)
     return out

@@ -4,12 +4,6 @@ The structured mask classifies (query tile x fine key tile) pairs as EMPTY, PART
 Runs of non-empty fine tiles are merged into spans of at most ``block_k`` keys, so a sliding
 window costs one or two matmuls per query tile and an unmasked row of a causal mask none at all.
 Masking work is done only on spans that contain a PARTIAL tile.
-
-For translation-invariant masks (causal, window) consecutive row tiles whose spans sit at the
-same offsets from their first row form a *run*: the forward pass computes a whole run with one
-batched matmul per span and one shared mask block. A sliding window of W keys is then covered by
-narrow row tiles (little wasted work at the band's slanted edges) without paying Python overhead
-per tile.
 """
 from __future__ import annotations
 
@@ -32,25 +26,9 @@ class Span:
 
 @dataclass(frozen=True)
 class RowTile:
-    """``count`` tiles of ``r1 - r0`` rows each; tile t covers rows and spans shifted by t * height."""
     r0: int
     r1: int
     spans: tuple[Span, ...]
-    count: int = 1
-
-    @property
-    def height(self) -> int:
-        return self.r1 - self.r0
-
-    def split(self) -> list["RowTile"]:
-        """The run as single tiles."""
-        h = self.height
-        return [RowTile(self.r0 + t * h, self.r1 + t * h,
-                        tuple(Span(sp.c0 + t * h, sp.c1 + t * h, sp.masked) for sp in self.spans))
-                for t in range(self.count)]
-
-    def _shape(self) -> tuple:
-        return (self.height,) + tuple((sp.c0 - self.r0, sp.c1 - self.r0, sp.masked) for sp in self.spans)
 
 
 @dataclass
@@ -69,25 +47,8 @@ class TileStats:
 
 @dataclass
 class Plan:
-    groups: list[tuple[slice, list[RowTile]]]     # batch slice -> its row tiles (runs)
+    groups: list[tuple[slice, list[RowTile]]]     # batch slice -> its row tiles
     stats: TileStats = field(default_factory=TileStats)
-
-    def single_tiles(self) -> list[tuple[slice, list[RowTile]]]:
-        """The same schedule with every run split into single tiles (for the backward pass)."""
-        return [(bs, [one for run in tiles for one in run.split()]) for bs, tiles in self.groups]
-
-
-def _runs(tiles: list[RowTile], max_rows: int) -> list[RowTile]:
-    """Merge consecutive tiles of identical relative shape into runs of at most ``max_rows`` rows."""
-    runs: list[RowTile] = []
-    for t in tiles:
-        last = runs[-1] if runs else None
-        if (last is not None and last._shape() == t._shape() and t.r0 == last.r0 + last.count * last.height
-                and (last.count + 1) * last.height <= max_rows):
-            runs[-1] = RowTile(last.r0, last.r1, last.spans, last.count + 1)
-        else:
-            runs.append(t)
-    return runs
 
 
 def _row_tiles(kinds: torch.Tensor, L: int, S: int, block_q: int, block_k: int, fine_k: int,
@@ -116,12 +77,8 @@ def _row_tiles(kinds: torch.Tensor, L: int, S: int, block_q: int, block_k: int, 
 
 
 def make_plan(mask: Optional[Mask], B: int, L: int, S: int, block_q: int, block_k: int,
-              fine_k: int, run_rows: int = 0) -> Plan:
-    """Schedule for a (B, ., L, S) problem: per batch group, row tiles with their key spans.
-
-    ``run_rows`` > 0 merges equally shaped tiles of a translation-invariant mask into runs of up
-    to that many rows (0: no runs).
-    """
+              fine_k: int) -> Plan:
+    """Schedule for a (B, ., L, S) problem: per batch group, row tiles with their key spans."""
     if block_k % fine_k:
         raise ValueError(f"block_k={block_k} must be a multiple of fine_k={fine_k}")
     stats = TileStats()
@@ -137,6 +94,4 @@ def make_plan(mask: Optional[Mask], B: int, L: int, S: int, block_q: int, block_
     else:
         groups = [(slice(b, b + 1), _row_tiles(kinds[b], L, S, block_q, block_k, fine_k, stats, 1))
                   for b in range(kinds.shape[0])]
-    if run_rows and mask is not None and mask.translation_invariant:
-        groups = [(bs, _runs(tiles, run_rows)) for bs, tiles in groups]
     return Plan(groups, stats)
