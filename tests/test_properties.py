@@ -41,7 +41,18 @@ def problems(draw):
     return q, k, v, mask, bias, scale, block
 
 
-@settings(max_examples=60, deadline=None)
+def rounding_tolerance(q, k, bias, scale):
+    """fp32 rounding of large logits (scale 30 and bias x20 reach |logit| ~ 1e3) moves each weight
+    by about eps * |logit|: allow that, and no more."""
+    kk = k.detach().repeat_interleave(q.shape[1] // k.shape[1], 1)
+    logits = (scale or q.shape[-1] ** -0.5) * q.detach() @ kk.transpose(-1, -2)
+    if bias is not None:
+        logits = logits + bias.detach()
+    biggest = float(logits.abs().max()) if logits.numel() else 0.0
+    return 1e-5 + 4 * torch.finfo(torch.float32).eps * biggest
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(problems(), st.sampled_from(["reference", "sdpa", "tiled"]))
 def test_outputs_and_grads_finite_and_weights_normalized(problem, backend):
     q, k, v, mask, bias, scale, block = problem
@@ -54,7 +65,8 @@ def test_outputs_and_grads_finite_and_weights_normalized(problem, backend):
     B, H, L, S = w.shape
     allowed = mask.dense(L, S).expand(B, H, L, S) if mask is not None else torch.ones(B, H, L, S, dtype=torch.bool)
     empty = ~allowed.any(-1)
-    assert torch.allclose(sums[~empty], torch.ones_like(sums[~empty]), atol=1e-5)
+    tol = rounding_tolerance(q, k, bias, scale)
+    assert torch.allclose(sums[~empty], torch.ones_like(sums[~empty]), atol=tol), f"max dev {(sums[~empty] - 1).abs().max():.2e} > {tol:.2e}"
     assert (sums[empty] == 0).all() and (out[empty] == 0).all()
     assert (w[~allowed] == 0).all()
     out.square().sum().backward()
@@ -62,11 +74,12 @@ def test_outputs_and_grads_finite_and_weights_normalized(problem, backend):
         assert torch.isfinite(t.grad).all()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(problems())
 def test_tiled_tile_sizes_do_not_change_the_result(problem):
     q, k, v, mask, bias, scale, _ = problem
     scale = scale or q.shape[-1] ** -0.5
     a = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, block_q=4, block_k=8)
     b = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, block_q=16, block_k=64)
-    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    tol = rounding_tolerance(q, k, bias, scale)
+    torch.testing.assert_close(a, b, atol=tol, rtol=1e-5)
