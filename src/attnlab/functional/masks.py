@@ -81,6 +81,14 @@ class Mask:
         """(B|1, H|1, L, S) bool, True = may attend."""
         return self.block(0, L, 0, S, L, S)
 
+    def block_key(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int):
+        """A hashable key such that tiles with equal keys have equal blocks, or None (no sharing).
+
+        Masks that depend only on j - i (causal, window) return the tile's shape and diagonal
+        offset, so the tiled kernel builds each distinct block once per call.
+        """
+        return None
+
     def check(self, B: int, H: int, L: int, S: int) -> None:
         """Raise ValueError if this mask cannot apply to a (B, H, L, S) problem."""
         if self.batch is not None and self.batch not in (1, B):
@@ -98,6 +106,9 @@ class Mask:
 
 class CausalMask(Mask):
     """Query i may see key j iff j <= i + S - L (bottom-right aligned)."""
+
+    def block_key(self, r0, r1, c0, c1, L, S):
+        return ("causal", r1 - r0, c1 - c0, r0 + S - L - c0)
 
     def block(self, r0, r1, c0, c1, L, S):
         i = torch.arange(r0, r1)[:, None] + (S - L)
@@ -122,6 +133,9 @@ class WindowMask(Mask):
             if val is not None and (not isinstance(val, int) or val < 0):
                 raise ValueError(f"window {name}={val!r}: must be a non-negative int or None (unbounded)")
         self.left, self.right = left, right
+
+    def block_key(self, r0, r1, c0, c1, L, S):
+        return ("window", self.left, self.right, r1 - r0, c1 - c0, r0 + S - L - c0)
 
     def _lo_hi(self, rows: Tensor, off: int):
         big = 1 << 62
@@ -291,6 +305,10 @@ class AndMask(Mask):
     def check(self, B, H, L, S):
         self.a.check(B, H, L, S)
         self.b.check(B, H, L, S)
+
+    def block_key(self, r0, r1, c0, c1, L, S):
+        a, b = self.a.block_key(r0, r1, c0, c1, L, S), self.b.block_key(r0, r1, c0, c1, L, S)
+        return None if a is None or b is None else (a, b)
 
     def block(self, r0, r1, c0, c1, L, S):
         a = self.a.block(r0, r1, c0, c1, L, S)

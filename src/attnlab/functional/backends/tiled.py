@@ -74,7 +74,7 @@ def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
 @dataclass
 class _Problem:
     """Everything the forward, backward and weight passes share."""
-    q5: Tensor                   # (B, Hkv, G, L, D) queries times scale * log2(e), input dtype
+    q5: Tensor                   # (B, Hkv, G, L, D) queries, input dtype
     k4: Tensor                   # (B, Hkv, S, D)
     v4: Tensor                   # (B, Hkv, S, Dv)
     mask: Optional[Mask]
@@ -84,6 +84,8 @@ class _Problem:
     dropout_p: float
     seed: Optional[int]
     plan: Plan
+    qscale: float                # scale * log2(e): scores in base 2
+    blocks: dict                 # additive mask blocks shared between tiles (Mask.block_key)
 
     @property
     def dims(self):
@@ -93,6 +95,28 @@ class _Problem:
     def rows(self, x5: Tensor, bs: slice, t: RowTile) -> Tensor:
         """(Bg, Hkv, G, L, X) -> (Bg * Hkv, G * lr, X): one row tile of q-shaped data."""
         return x5[bs, :, :, t.r0:t.r1].flatten(0, 1).flatten(1, 2)
+
+    def qrows(self, bs: slice, t: RowTile) -> Tensor:
+        """Queries of one row tile times scale * log2(e): (Bg * Hkv, G * lr, D) in the input dtype.
+
+        Scaled per tile (in cache) rather than once up front (a full extra pass over q).
+        """
+        qt = self.rows(self.q5, bs, t)
+        if qt.dtype == accum_dtype(qt.dtype):
+            return qt * self.qscale
+        return (qt.to(accum_dtype(qt.dtype)) * self.qscale).to(qt.dtype)
+
+    def neg_block(self, t: RowTile, sp: Span, dtype: torch.dtype, device) -> Tensor:
+        """The mask of one tile as an additive (Bm|1, Hm|1, lr, lc) block: 0 allowed, -inf not."""
+        B, Hkv, G, L, S, _, _ = self.dims
+        key = self.mask.block_key(t.r0, t.r1, sp.c0, sp.c1, L, S)
+        if key is not None and (key, dtype) in self.blocks:
+            return self.blocks[key, dtype]
+        allowed = self.mask.block(t.r0, t.r1, sp.c0, sp.c1, L, S).to(device)
+        neg = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        if key is not None:
+            self.blocks[key, dtype] = neg
+        return neg
 
     def cols(self, x4: Tensor, bs: slice, sp: Span) -> Tensor:
         """(Bg, Hkv, S, X) -> (Bg * Hkv, lc, X): one key span of k- or v-shaped data."""
@@ -114,9 +138,7 @@ class _Problem:
         lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
         neg = None
         if sp.masked:
-            allowed = self.mask.block(t.r0, t.r1, sp.c0, sp.c1, L, S).to(qt.device)   # (Bm|1, Hm|1, lr, lc)
-            dtype = qt.dtype if plain else accum_dtype(qt.dtype)
-            neg = torch.zeros(allowed.shape, dtype=dtype, device=qt.device).masked_fill_(~allowed, float("-inf"))
+            neg = self.neg_block(t, sp, qt.dtype if plain else accum_dtype(qt.dtype), qt.device)
         s = torch.bmm(qt, kt)
         s = s if plain else s.to(accum_dtype(s.dtype))
         s5 = s.view(-1, Hkv, G, lr, lc)
@@ -150,7 +172,7 @@ def _forward(pb: _Problem):
     guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
     for bs, tiles in pb.plan.groups:
         for t in tiles:
-            qt = pb.rows(pb.q5, bs, t)                                      # (Bg*Hkv, G*lr, D)
+            qt = pb.qrows(bs, t)                                            # (Bg*Hkv, G*lr, D)
             n, R = qt.shape[0], qt.shape[1]
             m = qt.new_full((n, R, 1), float("-inf"), dtype=acc_dt)         # running max (base 2)
             l = qt.new_zeros((n, R, 1), dtype=acc_dt)                       # running sum
@@ -188,8 +210,7 @@ def _forward(pb: _Problem):
 def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias: bool):
     """FlashAttention-2 backward: recompute P from the LSE tile by tile.
 
-    Returns gradients for the *scaled* queries q5 (autograd applies the scale), k, v, the bias
-    tensor and the structured bias parameters.
+    Returns gradients for q (as q5), k, v, the bias tensor and the structured bias parameters.
     """
     B, Hkv, G, L, S, D, Dv = pb.dims
     dt = pb.q5.dtype
@@ -204,7 +225,7 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
     dparams = [torch.zeros_like(p) for p in pb.bias_params]
     for bs, tiles in pb.plan.groups:
         for t in tiles:
-            qt = pb.rows(pb.q5, bs, t)                                      # (n, R, D)
+            qt = pb.qrows(bs, t)                                            # (n, R, D)
             dot = pb.rows(dout5, bs, t)                                     # (n, R, Dv)
             lse = pb.rows(lse2.unsqueeze(-1), bs, t)                        # (n, R, 1)
             delta = pb.rows(delta5.unsqueeze(-1), bs, t)                    # (n, R, 1)
@@ -242,15 +263,16 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
                 dq.add_(torch.bmm(ds_lp, kt))
                 dk4[bs, :, sp.c0:sp.c1] += torch.bmm(ds_lp.transpose(1, 2), qt).view(-1, Hkv, lc, D)
             dq5[bs, :, :, t.r0:t.r1] = dq.view(-1, Hkv, G, lr, D)
-    # ds is the gradient of the natural-log logits; q5 and k enter them through s2 * ln 2.
-    return dq5.mul_(LN2), dk4.mul_(LN2), dv4, dbias, dparams
+    # ds is the gradient of the natural logits z = s2 * ln 2, with s2 = qscale * q.k; the k gradient
+    # was taken against already scaled query tiles.
+    return dq5.mul_(LN2 * pb.qscale), dk4.mul_(LN2), dv4, dbias, dparams
 
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
-                      cfg["dropout_p"], cfg["seed"], cfg["plan"])
+                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"])
         out5, lse2 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
         ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse2, *bias_params)
         ctx.cfg = cfg
@@ -262,7 +284,7 @@ class _TiledAttention(torch.autograd.Function):
         q5, k, v, bias_t, out5, lse2, *params = ctx.saved_tensors
         cfg = ctx.cfg
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params),
-                      cfg["dropout_p"], cfg["seed"], cfg["plan"])
+                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"])
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
         dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse2, dout5.contiguous(), want_bias)
         return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias_t.dtype) if dbias is not None else None,
@@ -276,7 +298,7 @@ def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
     lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)
     for bs, tiles in pb.plan.groups:
         for t in tiles:
-            qt = pb.rows(pb.q5, bs, t)
+            qt = pb.qrows(bs, t)
             lse = pb.rows(lse2.unsqueeze(-1), bs, t)
             for sp in t.spans:
                 p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)
@@ -316,13 +338,14 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     bias_s = bias if isinstance(bias, StructuredBias) else None
     params = bias_s.params if bias_s is not None else ()
     G = H // Hkv
-    # Scale q once (O(L*D)) instead of every score tile (O(L*S)).
-    q5 = (q.to(accum_dtype(q.dtype)) * (scale * LOG2E)).to(q.dtype).reshape(B, Hkv, G, L, D)
-    cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan)
+    q5 = q.reshape(B, Hkv, G, L, D)
+    cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan,
+               qscale=scale * LOG2E, blocks={})
     out5, lse2 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():
-            pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan)
+            pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan,
+                          cfg["qscale"], cfg["blocks"])
             return out, _weights(pb, lse2)
     return out
