@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..bias import StructuredBias
 from ..dropout import keep_mask
-from ..masks import Mask
+from ..masks import CausalMask, Mask
 from ..registry import register_backend
 from ..request import Bias
 from .reference import accum_dtype
@@ -38,13 +38,20 @@ __all__ = ["tiled_attention", "TileStats"]
 FINE_K = 64     # granularity at which the mask is classified; spans are merged runs of these
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+# A span may reuse the running max while its row sums stay below this (fp16 P must stay finite).
+STALE_LIMIT = {torch.float16: 2.0 ** 15}
 
 
-def default_blocks(dtype: torch.dtype, masked: bool) -> tuple[int, int]:
-    """(block_q, block_k) measured fastest on a 2-core Zen 4 (see docs/benchmarks.md)."""
-    if masked:
-        return 128, 512
-    return 256, 512
+def default_blocks(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
+    """(block_q, block_k), measured fastest on the 2-core Zen 4 CI machine (docs/benchmarks.md).
+
+    Wide tiles when whole rows are computed (no mask, causal); narrower row tiles for banded and
+    block masks, where a tall tile wastes work at the band's slanted edges. In bf16/fp16 the
+    matmuls are cheap and the fp32 softmax passes dominate: 256 x 256 keeps them in cache.
+    """
+    if mask is None or isinstance(mask, CausalMask):
+        return (256, 512) if dtype in (torch.float32, torch.float64) else (256, 256)
+    return 128, 512
 
 
 def _to5(t: Tensor, Hkv: int, G: int) -> Tensor:
@@ -177,28 +184,43 @@ def _forward(pb: _Problem):
             m = qt.new_full((n, R, 1), float("-inf"), dtype=acc_dt)         # running max (base 2)
             l = qt.new_zeros((n, R, 1), dtype=acc_dt)                       # running sum
             acc = None                                                      # unnormalized output (n, R, Dv)
+            stale_ok = False                                                # may a span keep the current max?
             for sp in t.spans:
                 s = pb.logits(qt, bs, t, sp)                                 # (n, R, lc)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(acc_dt))
-                # A row may still have seen only -inf: subtract 0 there so exp gives 0, not NaN.
-                m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
-                p = _exp2_minus(s, m_use)                                    # (n, R, lc), unnormalized
-                rowsum = p.sum(-1, keepdim=True)
+                p, alpha = None, None
+                if stale_ok:
+                    # Lazy rescaling: m is a real logit of every row, so exp2(s - m) cannot lose a
+                    # row's mass to underflow; while the new terms stay far from overflow the old
+                    # state needs no rescaling and the max needs no update (one pass fewer).
+                    p = _exp2_minus(s, m)
+                    rowsum = p.sum(-1, keepdim=True)
+                    if not bool(rowsum.max() <= STALE_LIMIT.get(dt, 2.0 ** 64)):
+                        p, s = None, pb.logits(qt, bs, t, sp)                # rare: redo it properly
+                if p is None:
+                    m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(acc_dt))
+                    # A row may still have seen only -inf: subtract 0 there so exp gives 0, not NaN.
+                    m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
+                    p = _exp2_minus(s, m_use)                                # (n, R, lc), unnormalized
+                    rowsum = p.sum(-1, keepdim=True)
+                    if acc is not None:
+                        alpha = torch.exp2(m - m_use)                        # (n, R, 1) rescales old state
+                    m = m_new
+                    stale_ok = not guard or bool(torch.isfinite(m).all())
                 if pb.dropout_p > 0.0:
                     p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
                 pv = pb.cols(pb.v4, bs, sp)                                  # (n, lc, Dv)
                 if acc is None:                                             # first span: nothing to rescale
                     l = rowsum
                     acc = torch.bmm(p.to(dt), pv).to(acc_dt)
-                else:
-                    alpha = torch.exp2(m - m_use)                            # (n, R, 1) rescales old state
-                    l.mul_(alpha).add_(rowsum)
+                    continue
+                if alpha is not None:
+                    l.mul_(alpha)
                     acc.mul_(alpha)
-                    if dt == acc_dt:
-                        acc.baddbmm_(p, pv)
-                    else:
-                        acc.add_(torch.bmm(p.to(dt), pv))
-                m = m_new
+                l.add_(rowsum)
+                if dt == acc_dt:
+                    acc.baddbmm_(p, pv)
+                else:
+                    acc.add_(torch.bmm(p.to(dt), pv))
             if acc is None:                                                 # a row tile with nothing to see
                 acc = qt.new_zeros((n, R, Dv), dtype=acc_dt)
             o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
@@ -328,7 +350,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    dq, dk = default_blocks(q.dtype, mask is not None)
+    dq, dk = default_blocks(q.dtype, mask)
     block_q, block_k = block_q or dq, block_k or dk
     fine = min(FINE_K, block_k)
     plan = make_plan(mask, B, L, S, block_q, block_k, fine)
