@@ -1,0 +1,215 @@
+"""The kernel benchmark: every contestant on every case, timed, counted, checked, and (optionally) weighed.
+
+For each case (mask kind x n x dtype x mode) the contestants run on the same inputs: torch-sdpa
+first (its output is the yardstick every other output is compared with), then flex, then the
+attnlab backends. Each gets a warm-up call and the median of several timed runs; GFLOP/s counts
+only the work the mask allows (``cases.useful_flops``). Peak memory is measured afterwards, one
+fresh subprocess per (contestant, case), so timing runs never share a process with it.
+
+Example::
+
+    cfg = BenchConfig(**{**QUICK, "n": [256]})
+    report = run_kernels(cfg)
+    report["results"][0]["median_ms"]
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from .cases import DTYPES, MASK_KINDS, MODES, Case, make_inputs, useful_flops
+from .contestants import PEERS, contestant_names, make_runner, memory_skip_reason, reset_flex
+from .machine import LoadMonitor, machine_info
+from .memory import extrapolate, measure_peak
+from .timing import gemm_peak_gflops, time_median
+
+__all__ = ["BenchConfig", "QUICK", "run_kernels", "run_case"]
+
+log = logging.getLogger(__name__)
+
+# Output agreement with torch-sdpa beyond which a row is flagged (max abs difference).
+TOLERANCE = {"float32": 1e-3, "float64": 1e-9, "bfloat16": 6e-2, "float16": 1e-2}
+
+
+@dataclass
+class BenchConfig:
+    n: list[int] = field(default_factory=lambda: [1024, 4096, 8192])
+    dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
+    masks: list[str] = field(default_factory=lambda: list(MASK_KINDS))
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    backends: list[str] = field(default_factory=lambda: ["reference", "sdpa", "tiled", "auto"])
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    window: int = 256                      # W of the causal sliding window
+    docs: int = 8                          # packed documents per sequence
+    repeats: Optional[int] = None          # timed runs per contestant; None = adaptive (3-10 within ~1 s)
+    flex: bool = True                      # run torch FlexAttention (compiled) as a peer
+    flex_cases: Optional[list[tuple[str, int]]] = None   # (mask, n) pairs flex runs for; None = all
+    reference_max_n: Optional[int] = 4096  # the O(n^2) reference is skipped above this; None = no cap
+    fwdbwd_max_n: Optional[int] = 4096     # fwd+bwd cases above this n are left out (n=8192 costs
+                                           # ~10 min on 2 cores); None = no cap
+    memory: bool = False                   # measure peak memory of every timed (contestant, case)
+    memory_sample: bool = True             # without ``memory``, still measure one representative case
+    memory_limit_gb: float = 16.0          # skip anything estimated to need more than this
+
+
+# --quick: about a minute on 2 cores. Flex runs once, where it is most interesting (a sliding
+# window at the largest n), because compiling it costs 2-20 s per case.
+QUICK = dict(n=[1024, 4096], dtypes=["float32"], masks=["none", "causal", "window", "documents"],
+             modes=["fwd"], backends=["sdpa", "tiled", "auto"], flex_cases=[("window", 4096)],
+             memory_sample=False)
+
+
+def _cases(cfg: BenchConfig) -> list[Case]:
+    return [Case(mask, n, dtype, mode, cfg.batch, cfg.heads, cfg.head_dim, cfg.window, cfg.docs)
+            for dtype in cfg.dtypes for mode in cfg.modes for mask in cfg.masks for n in cfg.n
+            if not (mode == "fwdbwd" and cfg.fwdbwd_max_n is not None and n > cfg.fwdbwd_max_n)]
+
+
+def _skip_reason(name: str, case: Case, cfg: BenchConfig) -> Optional[str]:
+    if name == "reference" and cfg.reference_max_n is not None and case.n > cfg.reference_max_n:
+        return f"skipped: reference runs only for n <= {cfg.reference_max_n} (O(n^2) memory)"
+    return memory_skip_reason(name, case, cfg.memory_limit_gb)
+
+
+def _runs_flex(case: Case, cfg: BenchConfig) -> bool:
+    return cfg.flex and (cfg.flex_cases is None or (case.mask, case.n) in [tuple(c) for c in cfg.flex_cases])
+
+
+def run_case(case: Case, cfg: BenchConfig, peaks: dict[str, float]) -> list[dict]:
+    """Time every contestant on one case; one result dict per contestant."""
+    q, k, v = make_inputs(case)
+    flops = useful_flops(case)
+    rows, yardstick = [], None
+    for name in contestant_names(cfg.backends, flex=_runs_flex(case, cfg)):
+        row = dict(case=case.to_dict(), contestant=name, peer=name in PEERS, useful_gflop=flops / 1e9,
+                   status="ok", notes=[])
+        rows.append(row)
+        skip = _skip_reason(name, case, cfg)
+        if skip:
+            row.update(status="skipped", notes=[skip])
+            continue
+        try:
+            runner = make_runner(name, case, q, k, v)
+            t0 = time.perf_counter()
+            out = runner.step()
+            first = time.perf_counter() - t0
+            timing = time_median(runner.step, cfg.repeats, warmup=False)
+        except Exception as e:  # a contestant that cannot run this case is a result, not a crash
+            if name == "flex":
+                reset_flex()
+            row.update(status="failed", notes=[f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"])
+            log.info("  %-31s %-10s %s", case.label(), name, row["notes"][0])
+            continue
+        med = timing.median_s
+        row.update(median_ms=med * 1e3, times_ms=[t * 1e3 for t in timing.times_s], runs=len(timing.times_s),
+                   gflops=flops / med / 1e9, pct_peak=100 * flops / med / 1e9 / peaks[case.dtype],
+                   first_call_ms=first * 1e3, notes=list(runner.notes))
+        if name == "flex":
+            # The first call compiles (torch.compile caches per shape and mask); report it apart.
+            row.update(compile_s=max(first - med, 0.0), block_mask_s=runner.setup_s)
+            row["notes"].append(f"compile {row['compile_s']:.1f} s")
+        if name == "torch-sdpa":
+            yardstick = out
+        elif yardstick is not None:
+            diff = (out.float() - yardstick.float()).abs().max().item()
+            row["max_abs_diff_vs_torch_sdpa"] = diff
+            if not diff <= TOLERANCE.get(case.dtype, 1e-3):
+                row["notes"].append(f"MISMATCH vs torch-sdpa: max diff {diff:.2g}")
+        log.info("  %-31s %-10s %9.2f ms %8.1f GFLOP/s", case.label(), name, med * 1e3, row["gflops"])
+    _add_ratios(rows)
+    return rows
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """x SDPA = time(torch-sdpa) / time(x); x flex = time(flex) / time(x): above 1 means x is faster."""
+    t = {r["contestant"]: r["median_ms"] for r in rows if r["status"] == "ok"}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        if "torch-sdpa" in t:
+            r["x_sdpa"] = t["torch-sdpa"] / r["median_ms"]
+        if "flex" in t:
+            r["x_flex"] = t["flex"] / r["median_ms"]
+
+
+def _memory_targets(rows: list[dict], cfg: BenchConfig) -> list[dict]:
+    """The rows whose peak memory is measured: all of them with ``memory``, else one sample case."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    if cfg.memory:
+        return ok
+    if not cfg.memory_sample or not ok:
+        return []
+    # One case is cheap (a few seconds per subprocess) and shows the O(n) vs O(n^2) contrast.
+    small = [n for n in cfg.n if n <= 4096] or [min(cfg.n)]
+    want = dict(n=max(small), dtype=cfg.dtypes[0], mode=cfg.modes[-1],
+                mask="causal" if "causal" in cfg.masks else cfg.masks[0])
+    return [r for r in ok if all(r["case"][key] == val for key, val in want.items())]
+
+
+def _measure_memory(rows: list[dict], cfg: BenchConfig) -> None:
+    for r in _memory_targets(rows, cfg):
+        case = Case(**r["case"])
+        rep = measure_peak(r["contestant"], case)
+        if "error" in rep:
+            r["notes"].append(f"memory: {rep['error']}")
+            continue
+        r["peak_extra_bytes"], r["peak_source"] = rep["peak_extra_bytes"], "measured"
+        log.info("  %-31s %-10s peak extra %.1f MB", case.label(), r["contestant"], rep["peak_extra_bytes"] / 1e6)
+    _extrapolate_memory(rows)
+
+
+def _extrapolate_memory(rows: list[dict]) -> None:
+    """Rows skipped for memory get a power-law estimate from the same contestant at smaller n."""
+    for r in rows:
+        if r["status"] != "skipped" or "peak_extra_bytes" in r:
+            continue
+        same = lambda o: (o["contestant"] == r["contestant"] and o.get("peak_source") == "measured"
+                          and all(o["case"][key] == r["case"][key] for key in r["case"] if key != "n"))
+        pts = [(o["case"]["n"], o["peak_extra_bytes"]) for o in rows if same(o) and o["case"]["n"] < r["case"]["n"]]
+        if len(pts) < 2:
+            continue
+        fit = extrapolate([n for n, _ in pts], [b for _, b in pts], r["case"]["n"])
+        r.update(peak_extra_bytes=fit["value"], peak_source="extrapolated", peak_fit=fit)
+        r["notes"].append(f"peak extrapolated (n^{fit['exponent']:.2f} fit over n={fit['fit_n']})")
+
+
+def run_kernels(cfg: BenchConfig, argv: Optional[list[str]] = None) -> dict:
+    """Run the whole benchmark; returns {"meta": {...}, "results": [...]} (what the JSON file holds)."""
+    for dt in cfg.dtypes:
+        if dt not in DTYPES:
+            raise ValueError(f"unknown dtype {dt!r}; choose from {list(DTYPES)}")
+    meta = machine_info(argv)
+    monitor = LoadMonitor()
+    log.info("measuring GEMM peak for %s", ", ".join(cfg.dtypes))
+    peaks = {dt: gemm_peak_gflops(DTYPES[dt]) for dt in cfg.dtypes}
+    cases = _cases(cfg)
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    for i, case in enumerate(cases, 1):
+        log.info("[%d/%d] %s", i, len(cases), case.label())
+        rows += run_case(case, cfg, peaks)
+    if cfg.memory or cfg.memory_sample:
+        log.info("peak memory, one fresh subprocess per contestant and case")
+        _measure_memory(rows, cfg)
+    meta.update(
+        config=asdict(cfg), gemm_peak_gflops=peaks, mask_kinds=MASK_KINDS, modes=MODES,
+        flops="useful FLOPs only: 4*B*H*D per allowed (query, key) pair for fwd, x3.5 for fwd+bwd "
+              "(FlashAttention convention: backward = 2.5x forward)",
+        ratios="x SDPA = time(torch-sdpa)/time(row), x flex = time(flex)/time(row); > 1 = row is faster",
+        memory="peak extra = VmHWM during one step minus VmRSS before it, fresh subprocess per row",
+        wall_s=time.perf_counter() - t_start, load=monitor.stop())
+    _check_finite(rows)
+    return {"meta": meta, "results": rows}
+
+
+def _check_finite(rows: list[dict]) -> None:
+    """A NaN in a report is a bug in the bench; fail loudly rather than write it."""
+    for r in rows:
+        for key in ("median_ms", "gflops", "pct_peak", "x_sdpa", "x_flex"):
+            if key in r and not math.isfinite(r[key]):
+                raise RuntimeError(f"non-finite {key}={r[key]} for {r['contestant']} on {r['case']}")

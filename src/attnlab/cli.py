@@ -1,0 +1,139 @@
+"""The ``attnlab`` command: one argparse subcommand per job (``attnlab --help`` lists them).
+
+    attnlab bench --quick                         # about a minute: the table, and bench-results/kernels.json
+    attnlab bench --n 8192 --mask window documents --mode fwd --dtype float32
+    attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
+
+Adding a subcommand: write ``_add_<name>(sub)`` that builds its parser and sets ``run=``, and
+list it in ``SUBCOMMANDS``. Progress goes to stderr (through ``logging``), results to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Callable, Optional
+
+from .functional import available_backends
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
+DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
+
+
+def _bench_config(args: argparse.Namespace):
+    """BenchConfig from the defaults, then the --quick preset, then the options given explicitly."""
+    from .bench import QUICK, BenchConfig
+    cfg = BenchConfig(**(QUICK if args.quick else {}))
+    given = {"n": args.n, "dtypes": args.dtype, "masks": args.mask, "modes": args.mode, "backends": args.backend,
+             "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "window": args.window,
+             "docs": args.docs, "repeats": args.repeats, "memory_limit_gb": args.memory_limit_gb}
+    for key, val in given.items():
+        if val is not None:
+            setattr(cfg, key, val)
+    if args.backend is not None:
+        cfg.reference_max_n = None        # asked for by name: run it wherever memory allows
+    if args.n is not None or args.mode is not None:
+        cfg.fwdbwd_max_n = None           # sizes or modes chosen explicitly: run all of them
+    if args.memory is not None:
+        cfg.memory = cfg.memory_sample = args.memory
+    if args.flex is not None:
+        cfg.flex = args.flex
+        if args.flex:
+            cfg.flex_cases = None         # --flex given explicitly: every case, even with --quick
+    elif args.quick:
+        # one flex case, the most telling one: a sliding window at the largest n
+        cfg.flex_cases = [("window" if "window" in cfg.masks else cfg.masks[-1], max(cfg.n))]
+    return cfg
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
+    from .bench.scaling import ScalingConfig
+    argv = args.argv
+    t0 = time.perf_counter()
+    if args.memory_scaling:
+        scfg = ScalingConfig(dtype=(args.dtype or ["float32"])[0], batch=args.batch or 1,
+                             heads=args.heads or 8, head_dim=args.head_dim or 64,
+                             memory_limit_gb=args.memory_limit_gb or 16.0)
+        report = run_memory_scaling(scfg, argv)
+        text, path = format_scaling(report), args.json or DEFAULT_SCALING_JSON
+    else:
+        report = run_kernels(_bench_config(args), argv)
+        text, path = format_table(report), args.json or DEFAULT_KERNELS_JSON
+    report["meta"]["total_wall_s"] = time.perf_counter() - t0
+    write_json(report, path)
+    print(text, end="")
+    print(f"wrote {path} ({report['meta']['total_wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _add_bench(sub) -> None:
+    from .bench.cases import DTYPES, MASK_KINDS, MODES
+    b = sub.add_parser(
+        "bench", help="time attention kernels against torch SDPA and FlexAttention",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Kernel benchmark: backends x n x dtype x mask kind x mode. Median time, useful GFLOP/s,\n"
+                    "% of this machine's measured GEMM peak, speed-up vs torch SDPA and flex, peak memory.",
+        epilog="mask kinds:\n" + "\n".join(f"  {k:<10} {v}" for k, v in MASK_KINDS.items()))
+    b.add_argument("--quick", action="store_true",
+                   help="about one minute: n 1024 4096, float32 fwd, masks none causal window documents, "
+                        "flex for one case")
+    b.add_argument("--n", nargs="+", type=int, metavar="N",
+                   help="sequence lengths (default 1024 4096 8192, fwd+bwd only up to 4096)")
+    b.add_argument("--dtype", nargs="+", choices=list(DTYPES), metavar="DTYPE",
+                   help=f"{', '.join(DTYPES)} (default float32 bfloat16)")
+    b.add_argument("--mask", nargs="+", choices=list(MASK_KINDS), metavar="KIND",
+                   help=f"{', '.join(MASK_KINDS)} (default: all; see below)")
+    b.add_argument("--backend", nargs="+", choices=available_backends() + ["auto"], metavar="NAME",
+                   help=f"{', '.join(available_backends() + ['auto'])}: attnlab backends (default: reference (n <= 4096 only), sdpa, tiled, auto); "
+                        "torch-sdpa and flex always run alongside")
+    b.add_argument("--mode", nargs="+", choices=list(MODES), metavar="MODE",
+                   help="fwd (forward, no grad) and/or fwdbwd (forward + backward) (default both)")
+    b.add_argument("--heads", type=int, help="H (default 8)")
+    b.add_argument("--head-dim", type=int, help="D (default 64)")
+    b.add_argument("--batch", type=int, help="B (default 1)")
+    b.add_argument("--window", type=int, help="W of the window mask: W past keys (default 256)")
+    b.add_argument("--docs", type=int, help="documents packed per sequence (default 8)")
+    b.add_argument("--repeats", type=int, help="timed runs per contestant (default: 3-10 within ~1 s)")
+    b.add_argument("--flex", action=argparse.BooleanOptionalAction, default=None,
+                   help="run torch.compile'd FlexAttention (default on; --quick: one case)")
+    b.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
+                   help="peak memory of every row, each in a fresh subprocess (slower); --no-memory: none "
+                        "(default: one sample case, none with --quick)")
+    b.add_argument("--memory-scaling", action="store_true",
+                   help="instead of timing: tiled vs reference peak memory, causal fwd+bwd, n up to 32768, "
+                        "power-law fits and the ratio at 32768")
+    b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
+    b.add_argument("--json", metavar="PATH",
+                   help=f"where to write the results (default {DEFAULT_KERNELS_JSON}, "
+                        f"or {DEFAULT_SCALING_JSON} with --memory-scaling)")
+    b.set_defaults(run=_run_bench)
+
+
+SUBCOMMANDS: list[Callable] = [_add_bench]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnlab", description="attnlab: exact, tested self-attention.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv                      # recorded in the report's metadata
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("attnlab")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        return args.run(args)
+    finally:
+        logger.removeHandler(handler)    # main() may be called again in-process (tests)

@@ -1,0 +1,113 @@
+"""The benchmark's own correctness: FLOP counts, mask translations, the CLI's JSON, memory, fits.
+
+No timing is asserted (the machine may be busy); only that the numbers exist and make sense.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from attnlab.bench import MASK_KINDS, Case, allowed_pairs, extrapolate, fit_power_law, measure_peak, useful_flops
+from attnlab.bench.cases import attnlab_mask, flex_mods, sdpa_kwargs
+from attnlab.cli import main
+
+# Awkward on purpose: n not a multiple of the docs or of any tile, W < n, batch > 1 for padding.
+SMALL = [dict(n=37, batch=1), dict(n=64, batch=3), dict(n=50, batch=2)]
+
+
+def _dense(case: Case) -> torch.Tensor:
+    """(B, H, n, n) bool: the attnlab structured mask, materialized."""
+    mask, _ = attnlab_mask(case)
+    shape = (case.batch, case.heads, case.n, case.n)
+    return torch.ones(shape, dtype=torch.bool) if mask is None else mask.dense(case.n, case.n).expand(shape)
+
+
+def _brute_force(case: Case) -> torch.Tensor:
+    """(B, n, n) bool straight from the written definitions in MASK_KINDS, loop by loop."""
+    n, B, W = case.n, case.batch, case.window
+    docs = [i * case.docs // n for i in range(n)]
+    lengths = [3 * n // 4] if B == 1 else [n * (4 - b % 4) // 4 for b in range(B)]
+    rule = {"none": lambda b, i, j: True,
+            "causal": lambda b, i, j: j <= i,
+            "alibi": lambda b, i, j: j <= i,
+            "padding": lambda b, i, j: j < lengths[b],
+            "window": lambda b, i, j: i - W <= j <= i,
+            "documents": lambda b, i, j: docs[i] == docs[j]}[case.mask]
+    return torch.tensor([[[rule(b, i, j) for j in range(n)] for i in range(n)] for b in range(B)])
+
+
+@pytest.mark.parametrize("mask", list(MASK_KINDS))
+@pytest.mark.parametrize("shape", SMALL)
+def test_flop_count_matches_brute_force(mask, shape):
+    case = Case(mask, shape["n"], "float32", "fwd", batch=shape["batch"], heads=2, head_dim=8, window=5, docs=3)
+    truth = _brute_force(case)
+    assert allowed_pairs(case) == int(truth.sum()), f"{mask}: {allowed_pairs(case)} vs {int(truth.sum())}"
+    assert torch.equal(_dense(case)[:, 0], truth)
+    assert useful_flops(case) == 4 * case.heads * case.head_dim * int(truth.sum())
+    bwd = Case(mask, shape["n"], "float32", "fwdbwd", batch=shape["batch"], heads=2, head_dim=8, window=5, docs=3)
+    assert useful_flops(bwd) == int(3.5 * useful_flops(case))
+
+
+@pytest.mark.parametrize("mask", list(MASK_KINDS))
+def test_peer_masks_match_attnlab(mask):
+    """torch-sdpa's dense mask and flex's mask_mod/score_mod encode exactly the attnlab case."""
+    case = Case(mask, 40, "float32", "fwd", batch=2, heads=4, head_dim=8, window=6, docs=3)
+    allowed = _dense(case)                                                # (B, H, n, n)
+    b, h, i, j = (torch.arange(s).view([-1 if d == k else 1 for k in range(4)])
+                  for d, s in enumerate(allowed.shape))
+    mask_mod, score_mod = flex_mods(case)
+    if mask_mod is not None:
+        assert torch.equal(mask_mod(b, h, i, j).expand_as(allowed), allowed)
+    kw = sdpa_kwargs(case)
+    if "attn_mask" in kw and kw["attn_mask"].dtype == torch.bool:
+        assert torch.equal(kw["attn_mask"].expand_as(allowed), allowed)
+    if mask == "causal":
+        assert kw == {"is_causal": True}
+    if mask == "alibi":
+        _, bias = attnlab_mask(case)
+        want = bias.dense(case.n, case.n).expand(allowed.shape).masked_fill(~allowed, float("-inf"))
+        torch.testing.assert_close(kw["attn_mask"].expand_as(want), want)
+        got = score_mod(torch.zeros(()), b, h, i, j).expand_as(want).masked_fill(~allowed, float("-inf"))
+        torch.testing.assert_close(got, want)
+
+
+def test_tiny_bench_through_cli(tmp_path):
+    path = tmp_path / "kernels.json"
+    rc = main(["bench", "--n", "128", "--repeats", "1", "--no-flex", "--no-memory", "--dtype", "float32",
+               "--mask", "none", "causal", "window", "alibi", "--mode", "fwd", "fwdbwd", "--json", str(path)])
+    assert rc == 0
+    report = json.loads(path.read_text())
+    meta = report["meta"]
+    for key in ("torch", "torch_threads", "cpu_model", "date", "command", "gemm_peak_gflops", "mask_kinds", "config"):
+        assert key in meta, f"missing meta[{key!r}]"
+    assert meta["gemm_peak_gflops"]["float32"] > 0
+    rows = report["results"]
+    assert {r["contestant"] for r in rows} == {"torch-sdpa", "reference", "sdpa", "tiled", "auto"}
+    assert len(rows) == 4 * 2 * 5
+    for r in rows:
+        assert r["status"] == "ok", r
+        for key in ("median_ms", "gflops", "pct_peak", "x_sdpa", "useful_gflop"):
+            assert math.isfinite(r[key]) and r[key] > 0, f"{r['contestant']} {r['case']}: {key}={r.get(key)}"
+        if r["contestant"] != "torch-sdpa":
+            assert r["max_abs_diff_vs_torch_sdpa"] < 1e-3, r
+
+
+def test_memory_subprocess_reports_a_positive_peak():
+    # The reference holds (B, H, n, n) scores: 4 * 256 * 256 * 4 bytes = 1 MB per copy.
+    rep = measure_peak("reference", Case("causal", 256, "float32", "fwd", heads=4, head_dim=16))
+    assert "error" not in rep, rep
+    assert rep["peak_extra_bytes"] > 0
+    assert rep["out_finite"]
+
+
+def test_power_law_fit_recovers_exponent():
+    ns = [512, 1024, 2048, 4096]
+    c, p = fit_power_law(ns, [7.0 * n ** 1.7 for n in ns])
+    assert math.isclose(p, 1.7, rel_tol=1e-9) and math.isclose(c, 7.0, rel_tol=1e-9)
+    fit = extrapolate(ns, [3.0 * n ** 2 + 1e5 for n in ns], 32768)   # a constant offset: fit the top 3
+    assert fit["fit_n"] == [1024, 2048, 4096]
+    assert 1.9 < fit["exponent"] < 2.0
+    assert math.isclose(fit["value"], 3.0 * 32768 ** 2, rel_tol=0.2)
+    with pytest.raises(ValueError, match="needs >= 2"):
+        fit_power_law([1024], [1.0])
