@@ -113,13 +113,14 @@ class _Problem:
             return qt * self.qscale
         return (qt.to(accum_dtype(qt.dtype)) * self.qscale).to(qt.dtype)
 
-    def neg_block(self, t: RowTile, sp: Span, dtype: torch.dtype, device) -> Tensor:
-        """The mask of one tile as an additive (Bm|1, Hm|1, lr, lc) block: 0 allowed, -inf not."""
+    def neg_block(self, t: RowTile, c0: int, c1: int, dtype: torch.dtype, device) -> Tensor:
+        """The mask of rows t.r0:t.r1, keys c0:c1 as an additive (Bm|1, Hm|1, lr, c1 - c0) block:
+        0 where allowed, -inf where not. Blocks with a shareable key (causal, window) are built once."""
         B, Hkv, G, L, S, _, _ = self.dims
-        key = self.mask.block_key(t.r0, t.r1, sp.c0, sp.c1, L, S)
+        key = self.mask.block_key(t.r0, t.r1, c0, c1, L, S)
         if key is not None and (key, dtype) in self.blocks:
             return self.blocks[key, dtype]
-        allowed = self.mask.block(t.r0, t.r1, sp.c0, sp.c1, L, S).to(device)
+        allowed = self.mask.block(t.r0, t.r1, c0, c1, L, S).to(device)
         neg = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
         if key is not None:
             self.blocks[key, dtype] = neg
@@ -143,9 +144,6 @@ class _Problem:
         if plain and not sp.masked:
             return torch.bmm(qt, kt)                                        # (Bg*Hkv, G*lr, lc)
         lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
-        neg = None
-        if sp.masked:
-            neg = self.neg_block(t, sp, qt.dtype if plain else accum_dtype(qt.dtype), qt.device)
         s = torch.bmm(qt, kt)
         s = s if plain else s.to(accum_dtype(s.dtype))
         s5 = s.view(-1, Hkv, G, lr, lc)
@@ -157,8 +155,9 @@ class _Problem:
         if self.bias_s is not None:
             b = self.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
             s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
-        if neg is not None:
-            s5.add_(_to5(_batch(neg, bs), Hkv, G).to(s.dtype))
+        for a, z in sp.masked:                       # only the key ranges of PARTIAL tiles
+            neg = self.neg_block(t, a, z, s.dtype, s.device)
+            s5[..., a - sp.c0:z - sp.c0].add_(_to5(_batch(neg, bs), Hkv, G))
         return s
 
     def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:

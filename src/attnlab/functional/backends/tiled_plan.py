@@ -21,7 +21,7 @@ __all__ = ["Span", "RowTile", "Plan", "TileStats", "make_plan"]
 class Span:
     c0: int
     c1: int
-    masked: bool          # contains a PARTIAL tile: apply the mask block
+    masked: tuple[tuple[int, int], ...] = ()   # key ranges [a, b) of PARTIAL tiles: mask only these
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,21 @@ def _row_tiles(kinds: torch.Tensor, L: int, S: int, block_q: int, block_k: int, 
     rows = []
     for t, row in enumerate(kinds.tolist()):
         r0, r1 = t * block_q, min(L, (t + 1) * block_q)
-        spans, start, masked = [], None, False
+        spans, start, masked = [], None, []
         for f, kind in enumerate(row + [EMPTY]):           # sentinel closes the last run
             if start is not None and (kind == EMPTY or f - start == per_span):
                 c1 = min(S, f * fine_k)
-                spans.append(Span(start * fine_k, c1, masked))
+                spans.append(Span(start * fine_k, c1, tuple(masked)))
                 stats.scores += examples * (r1 - r0) * (c1 - start * fine_k)
-                start, masked = None, False
+                start, masked = None, []
             if kind != EMPTY:
                 start = f if start is None else start
-                masked = masked or kind == PARTIAL
+            if kind == PARTIAL:
+                a, b = f * fine_k, min(S, (f + 1) * fine_k)
+                if masked and masked[-1][1] == a:
+                    masked[-1] = (masked[-1][0], b)        # extend the current masked range
+                else:
+                    masked.append((a, b))
         stats.tiles_total += len(row)
         stats.tiles_skipped += row.count(EMPTY)
         stats.tiles_masked += row.count(PARTIAL)
