@@ -158,3 +158,10 @@ def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
     block_sparse = torch.zeros(512, 512, dtype=torch.bool)
     block_sparse[:256, :256] = True
     assert "auto -> tiled" in al.explain(q, k, v, mask=block_sparse)
+
+
+def test_auto_picks_tiled_for_large_bf16_inference_only():
+    q, k, v = (torch.randn(1, 1, 2048, 8, dtype=torch.bfloat16) for _ in range(3))
+    assert "auto -> tiled" in al.explain(q, k, v)
+    assert "auto -> sdpa" in al.explain(q[:, :, :1024], k[:, :, :1024], v[:, :, :1024])
+    assert "auto -> sdpa" in al.explain(q.requires_grad_(), k, v)
