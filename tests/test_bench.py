@@ -10,6 +10,7 @@ import torch
 
 from attnlab.bench import MASK_KINDS, Case, allowed_pairs, extrapolate, fit_power_law, measure_peak, useful_flops
 from attnlab.bench.cases import attnlab_mask, flex_mods, sdpa_kwargs
+from attnlab.bench.timing import time_interleaved
 from attnlab.cli import main
 
 # Awkward on purpose: n not a multiple of the docs or of any tile, W < n, batch > 1 for padding.
@@ -111,3 +112,10 @@ def test_power_law_fit_recovers_exponent():
     assert math.isclose(fit["value"], 3.0 * 32768 ** 2, rel_tol=0.2)
     with pytest.raises(ValueError, match="needs >= 2"):
         fit_power_law([1024], [1.0])
+
+
+def test_interleaved_timing_runs_round_robin():
+    calls = []
+    times = time_interleaved([lambda: calls.append("a"), lambda: calls.append("b")], repeats=3)
+    assert calls == ["a", "b"] * 3
+    assert [len(t) for t in times] == [3, 3] and all(x >= 0 for t in times for x in t)

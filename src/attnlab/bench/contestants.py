@@ -78,11 +78,11 @@ def _compiled_flex():
 
 
 def reset_flex() -> None:
-    """Forget every compiled flex kernel. Call after flex raised.
+    """Forget every compiled flex kernel, so the next flex call compiles afresh.
 
-    A failed compile (e.g. a backward on CPU, which FlexAttention does not support) leaves
-    dynamo running flex_attention *uncompiled* from then on, silently 5-10x slower; resetting
-    makes the next case compile again (quickly, from inductor's on-disk cache).
+    The bench calls it before each flex case: a failed compile (e.g. a backward on CPU, which
+    FlexAttention does not support) leaves dynamo running flex_attention *uncompiled* from then
+    on, silently 5-10x slower, and kernels compiled after other shapes ran measurably slower.
     """
     torch._dynamo.reset()
     _compiled_flex.cache_clear()

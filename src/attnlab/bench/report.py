@@ -66,7 +66,7 @@ def _footer(report: dict) -> list[str]:
     c = meta.get("config", {})
     lines = [f"shape: B={c.get('batch')} H={c.get('heads')} D={c.get('head_dim')}, self-attention L = S = n; "
              f"{meta['torch_threads']} threads on {meta['cpu_model']}, torch {meta['torch']}",
-             "GEMM peak (measured: fastest of 10 2048^3 matmuls): "
+             "GEMM peak (measured: fastest of 10 2048^3 matmuls, at start and end): "
              + ", ".join(f"{dt} {g:.0f} GFLOP/s" for dt, g in meta["gemm_peak_gflops"].items()),
              f"GFLOP/s: {meta['flops']}",
              f"{meta['ratios']}",
@@ -79,6 +79,12 @@ def _footer(report: dict) -> list[str]:
         lines.append(f"attnlab source: {src['commit'][:10]}" + (" + uncommitted changes" if src.get("dirty") else ""))
     if any("peak_extra_bytes" in r for r in report["results"]):
         lines.append(f"peak MB: {meta['memory']}; 'extrap.' = power-law fit over smaller n, not measured")
+    drift = {dt: abs(a - meta["gemm_peak_gflops_end"][dt]) / max(a, meta["gemm_peak_gflops_end"][dt])
+             for dt, a in meta.get("gemm_peak_gflops_start", {}).items()}
+    if drift and max(drift.values()) > 0.1:
+        lines.append("WARNING: the GEMM peak changed by " + ", ".join(f"{100 * d:.0f}% ({dt})" for dt, d in drift.items())
+                     + " between start and end: this machine's speed drifts; compare rows of one run, "
+                       "not across runs")
     busy = (meta.get("load") or {}).get("other_cpu_fraction")
     if busy is not None and busy > 0.1:
         lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
