@@ -116,12 +116,14 @@ def test_empty_sequences():
 
 
 def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
-    q, k, v = (torch.randn(1, 8, 512, 64) for _ in range(3))
+    q, k, v = (torch.randn(1, 8, 1024, 64) for _ in range(3))
     assert "auto -> sdpa" in al.explain(q, k, v)
     assert "auto -> sdpa" in al.explain(q, k, v, causal=True)
     text = al.explain(q, k, v, mask=al.masks.window(64, 64))
     assert "auto -> tiled" in text and "not sdpa" in text and "not reference" in text
-    assert "auto -> tiled" in al.explain(q, k, v, bias=torch.zeros(512, 512))
+    assert "auto -> tiled" in al.explain(q, k, v, bias=torch.zeros(1024, 1024))
+    small = [t[:, :, :256] for t in (q, k, v)]
+    assert "auto -> sdpa" in al.explain(*small, mask=al.masks.window(64, 64))
 
 
 def test_available_backends_lists_the_registry():
@@ -153,10 +155,10 @@ def test_sdpa_kernel_kind_mirrors_torch_choice(variant):
 
 
 def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
-    q, k, v = (torch.randn(1, 2, 512, 32) for _ in range(3))
-    assert "auto -> sdpa" in al.explain(q, k, v, mask=torch.rand(512, 512) > 0.5)
-    block_sparse = torch.zeros(512, 512, dtype=torch.bool)
-    block_sparse[:256, :256] = True
+    q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
+    assert "auto -> sdpa" in al.explain(q, k, v, mask=torch.rand(1024, 1024) > 0.5)
+    block_sparse = torch.zeros(1024, 1024, dtype=torch.bool)
+    block_sparse[:512, :512] = True
     assert "auto -> tiled" in al.explain(q, k, v, mask=block_sparse)
 
 

@@ -18,9 +18,10 @@ from .request import AttentionRequest, make_request
 
 __all__ = ["attention", "explain", "choose_backend"]
 
-# Below this many score entries per head, the tiled kernel's per-tile Python overhead costs more
-# than SDPA saves (measured on the 2-core CI machine; see docs/benchmarks.md).
-SMALL_PROBLEM = 128 * 128
+# Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
+# than skipping saves, and SDPA with the dense mask is faster (measured, B=1 H=8 D=64: causal &
+# padding n=512 0.87x, n=1024 1.24x; window(128, 0) n=256 0.50x, n=512 1.16x; docs/benchmarks.md).
+SMALL_PROBLEM = 512 * 512
 # From this many score entries per head, a bf16 forward pass is faster in the tiled kernel
 # (n = 4096: 1.15x SDPA; with backward the two are level, so SDPA keeps training).
 BF16_TILED_FROM = 2048 * 2048
