@@ -187,6 +187,8 @@ def _forward(pb: _Problem):
             for sp in t.spans:
                 s = pb.logits(qt, bs, t, sp)                                 # (n, R, lc)
                 p, alpha = None, None
+                if stale_ok is None:                                        # checked only when a span follows
+                    stale_ok = bool(torch.isfinite(m).all())
                 if stale_ok:
                     # Lazy rescaling: m is a real logit of every row, so exp2(s - m) cannot lose a
                     # row's mass to underflow; while the new terms stay far from overflow the old
@@ -204,7 +206,7 @@ def _forward(pb: _Problem):
                     if acc is not None:
                         alpha = torch.exp2(m - m_use)                        # (n, R, 1) rescales old state
                     m = m_new
-                    stale_ok = not guard or bool(torch.isfinite(m).all())
+                    stale_ok = True if not guard else None                  # rows with m = -inf can't reuse it
                 if pb.dropout_p > 0.0:
                     p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
                 pv = pb.cols(pb.v4, bs, sp)                                  # (n, lc, Dv)
