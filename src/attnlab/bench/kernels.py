@@ -3,9 +3,9 @@
 For each case (mask kind x n x dtype x mode) the contestants run on the same inputs: torch-sdpa
 first (its output is the yardstick every other output is compared with), then flex, then the
 attnlab backends. Each gets a warm-up call, then all are timed round-robin and each reports the
-median of its runs; GFLOP/s counts
-only the work the mask allows (``cases.useful_flops``). Peak memory is measured afterwards, one
-fresh subprocess per (contestant, case), so timing runs never share a process with it.
+median of its runs; GFLOP/s counts only the work the mask allows (``cases.useful_flops``). Peak
+memory is measured afterwards, one fresh subprocess per (contestant, case), so timing runs never
+share a process with it.
 
 Example::
 
