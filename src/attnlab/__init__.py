@@ -2,7 +2,7 @@
 
     import attnlab as al
     out = al.attention(q, k, v, causal=True)          # q: (B, H, L, D)
-    print(al.explain(q, k, v, mask=al.masks.window(128, 128)))
+    why = al.explain(q, k, v, mask=al.masks.window(128, 128))   # which backend, and why
 """
 from .functional import FunctionBias, StructuredBias, attention, available_backends, explain, masks
 

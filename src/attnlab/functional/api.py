@@ -126,7 +126,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
     """Which backend ``attention(q, k, v, **kwargs)`` would run with backend="auto", and why not the others.
 
     Example:
-        print(explain(q, k, v, mask=masks.window(128, 128)))
+        why = explain(q, k, v, mask=masks.window(128, 128))   # 'auto -> tiled: ...'
     """
     kwargs.pop("backend", None)
     req = make_request(q, k, v, **kwargs)

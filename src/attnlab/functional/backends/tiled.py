@@ -72,6 +72,11 @@ def _exp2_minus(s: Tensor, m: Tensor) -> Tensor:
     return p.exp2_()
 
 
+def _lse_for_recompute(lse2: Tensor) -> Tensor:
+    """LSE for recomputing P = exp2(s - lse2): +inf on empty rows, so their P is exactly 0."""
+    return torch.where(lse2 == float("-inf"), float("inf"), lse2)
+
+
 def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
     """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
     dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
@@ -240,7 +245,7 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
     acc_dt = accum_dtype(dt)
     # D_i = dO_i . O_i, from the unrounded output: rounding O to bf16 first would cost accuracy.
     delta5 = (dout5.to(acc_dt) * out5).sum(-1)                              # (B, Hkv, G, L)
-    lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)          # empty rows: P = exp(-inf) = 0
+    lse2 = _lse_for_recompute(lse2)
     dq5 = torch.zeros(B, Hkv, G, L, D, dtype=acc_dt, device=pb.q5.device)
     dk4 = torch.zeros(B, Hkv, S, D, dtype=acc_dt, device=pb.q5.device)
     dv4 = torch.zeros(B, Hkv, S, Dv, dtype=acc_dt, device=pb.q5.device)
@@ -318,7 +323,7 @@ def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
     """Exact attention weights (B, H, L, S) recomputed tile by tile from the saved LSE."""
     B, Hkv, G, L, S, _, _ = pb.dims
     w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse2.dtype)
-    lse2 = torch.where(lse2 == float("-inf"), float("inf"), lse2)
+    lse2 = _lse_for_recompute(lse2)
     for bs, tiles in pb.plan.groups:
         for t in tiles:
             qt = pb.qrows(bs, t)
