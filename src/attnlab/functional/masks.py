@@ -286,7 +286,9 @@ class DenseMask(Mask):
         return kinds                                              # (Bm, nq, nk)
 
     def to(self, device):
-        return DenseMask(self.allowed.to(device))
+        moved = DenseMask(self.allowed.to(device))
+        moved.given_shape = self.given_shape          # keep the caller's shape for messages
+        return moved
 
     def __repr__(self):
         return f"dense(bool tensor of shape {self.given_shape})"

@@ -146,10 +146,10 @@ class _Problem:
         B, Hkv, G, L, S, _, _ = self.dims
         kt = self.cols(self.k4, bs, sp).transpose(1, 2)                     # (Bg*Hkv, D, lc)
         plain = self.bias_t is None and self.bias_s is None
+        s = torch.bmm(qt, kt)                                               # (Bg*Hkv, G*lr, lc)
         if plain and not sp.masked:
-            return torch.bmm(qt, kt)                                        # (Bg*Hkv, G*lr, lc)
+            return s
         lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
-        s = torch.bmm(qt, kt)
         s = s if plain else s.to(accum_dtype(s.dtype))
         s5 = s.view(-1, Hkv, G, lr, lc)
         if self.bias_t is not None:
