@@ -362,3 +362,5 @@ def documents(ids) -> Mask:
 def dense(allowed: Tensor) -> Mask:
     """Wrap a bool tensor broadcastable to (B, H, L, S) (True = may attend)."""
     return DenseMask(allowed)
+
+from .patterns import bigbird, block_sparse, dilated_window, fixed, global_window, strided  # noqa: E402,F401  (sparse patterns)
