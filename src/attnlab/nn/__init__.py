@@ -5,3 +5,9 @@ splitting with einops, positional schemes from ``attnlab.positional``, caches, a
 ``Intermediates`` a visualizer asks for. The kernels stay in ``functional``.
 """
 # One import line per module (helpers add theirs below).
+from .torch_mha import MultiheadAttention
+from .attention import AttentionConfig, Intermediates, MultiHeadAttention  # noqa: E402
+from .kv_cache import KVCache  # noqa: E402
+from .blocks import MLP, BlockConfig, Decoder, Encoder, TransformerBlock  # noqa: E402
+from .axial import AxialAttention, AxialAttentionConfig, AxialIntermediates  # noqa: E402
+from .rnn import RNNS, ElmanRNN, GRUBaseline, LSTMBaseline, RNNConfig, make_rnn  # noqa: E402
