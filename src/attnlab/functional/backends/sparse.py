@@ -1,0 +1,322 @@
+"""The sparse backend: exact block-sparse attention that gathers only the key blocks a mask needs.
+
+For every query block (``block_q`` rows) the schedule (``sparse_layout``) lists the key blocks
+that the mask's tile kinds mark non-empty, padded to the longest list. A chunk of query blocks
+is then computed with one batched matmul over (batch, kv head, query block):
+
+    q block (G * bq, D)  x  gathered keys (K * bk, D)^T  ->  scores (G * bq, K * bk)
+
+where G = H / Hkv query heads share a kv head (GQA costs nothing extra) and K is the number of
+key blocks per query block. All of a row's keys are present at once, so the softmax is a plain
+(safe) softmax, not an online one. Element masks are evaluated only on PARTIAL blocks; FULL
+blocks get none. Work and memory are O(L * K * bk): a window of w keys costs O(n * w), not O(n^2).
+
+The backward pass is written by hand (FlashAttention-2's equations, Dao 2023): it keeps only
+q, k, v, the float32 output and the row log-sum-exp, and recomputes each chunk's probabilities;
+dk and dv are scattered back onto the key blocks with ``index_add_``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..bias import StructuredBias
+from ..dropout import _M32, _mix
+from ..masks import EMPTY, Mask
+from ..patterns import BlockLayoutMask
+from ..registry import register_backend
+from ..request import Bias
+from .reference import accum_dtype
+from .sparse_layout import Chunk, Layout, SparseStats, chunk_allowed, make_layout
+
+__all__ = ["sparse_attention", "SparseStats"]
+
+# Score entries per chunk (all heads): big enough that the Python loop is short, small enough
+# that the chunk's few passes over its scores stay in the last-level cache.
+CHUNK_SCORES = 1 << 21
+
+
+def default_blocks(mask: Optional[Mask]) -> tuple[int, int]:
+    """(block_q, block_k): the pattern's own block for block layouts (BigBird, block_sparse), else 64 x 64."""
+    if isinstance(mask, BlockLayoutMask) and 16 <= mask.block_size <= 256:
+        return mask.block_size, mask.block_size
+    return 64, 64
+
+
+def _to7(x: Tensor, Hkv: int, G: int) -> Tensor:
+    """(Bx, H|1, C, bq, K, bk) -> (Bx, Hkv|1, C, G|1, bq, K, bk): the scores' head grouping."""
+    if x.shape[1] == 1:
+        return x.unsqueeze(3)
+    return x.unflatten(1, (Hkv, G)).permute(0, 1, 3, 2, 4, 5, 6)
+
+
+def _batch(t: Tensor, bs: slice) -> Tensor:
+    return t if t.shape[0] == 1 else t[bs]
+
+
+def _keep(seed: int, p: float, B: int, H: int, bs: slice, rows: Tensor, cols: Tensor) -> Tensor:
+    """Dropout keep mask (Bg, H, C, bq, K, bk) at gathered positions; the same hash as ``dropout.keep_mask``."""
+    bh = torch.arange(B * H, dtype=torch.int64, device=rows.device).view(B, H)[bs]
+    x = _mix((bh.view(*bh.shape, 1, 1, 1, 1) + (seed & _M32) * 0x9E37) & _M32)
+    x = _mix((x ^ (rows[:, :, None, None] * 0x85EB)) & _M32)      # rows (C, bq)
+    x = _mix((x ^ (cols[:, None] * 0xC2B2AE3)) & _M32)            # cols (C, K, bk)
+    return x >= int(p * 2**32)
+
+
+class _Problem:
+    """Inputs regrouped into blocks, and the per-chunk pieces the forward and backward share."""
+
+    def __init__(self, q, k, v, bias_t, bias_s, params, layout: Layout, scale, dropout_p, seed):
+        B, H, L, D = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        bq, bk = layout.block_q, layout.block_k
+        nq, nk = -(-L // bq), -(-S // bk)
+        G = H // Hkv
+        self.dims = (B, H, Hkv, G, L, S, D, v.shape[3])
+        pad = torch.nn.functional.pad
+        acc = accum_dtype(q.dtype)
+        # Scaled once here (O(L * D)) rather than on every score entry.
+        qs = (q.to(acc) * scale).to(q.dtype)
+        self.qb = pad(qs, (0, 0, 0, nq * bq - L)).reshape(B, Hkv, G, nq, bq, D).transpose(2, 3)  # (B, Hkv, nq, G, bq, D)
+        self.kb = pad(k, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, D)      # (B, Hkv, nk, bk, D)
+        self.vb = pad(v, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, -1)     # (B, Hkv, nk, bk, Dv)
+        self.bias_t, self.bias_s, self.params = bias_t, bias_s, params
+        self.layout, self.scale = layout, scale
+        self.dropout_p, self.seed = dropout_p, seed
+
+    def chunks(self):
+        """(batch slice, chunk) pairs, in order."""
+        for bs, chunks in self.layout.groups:
+            for ch in chunks:
+                yield bs, ch
+
+    def positions(self, ch: Chunk):
+        """Absolute query rows (C, bq) and key columns (C, K, bk) of a chunk (unclamped)."""
+        bq, bk = self.layout.block_q, self.layout.block_k
+        return ch.qsel[:, None] * bq + torch.arange(bq), ch.idx[:, :, None] * bk + torch.arange(bk)
+
+    def bias_chunk(self, bs, ch: Chunk, params=None) -> Optional[Tensor]:
+        """The bias of a chunk, (Bb, Hb, C, bq, K, bk), or None; padded rows and keys are clamped."""
+        _, _, _, _, L, S, _, _ = self.dims
+        r, c = self.positions(ch)
+        r, c = r.clamp(max=L - 1).to(self.qb.device), c.clamp(max=S - 1).to(self.qb.device)
+        if self.bias_t is not None:
+            b = _batch(self.bias_t, bs)
+            ri = r if b.shape[2] != 1 else torch.zeros_like(r)
+            cj = c if b.shape[3] != 1 else torch.zeros_like(c)
+            return b[:, :, ri[:, :, None, None], cj[:, None]]       # (Bb, Hb, C, bq, K, bk)
+        if self.bias_s is not None:
+            params = self.params if params is None else params
+            tiles = []
+            for t in range(r.shape[0]):  # the StructuredBias contract: positions i (lr, 1), j (1, lc)
+                bt = self.bias_s.tile((r[t] + (S - L))[:, None], c[t].flatten()[None, :], *params)
+                tiles.append(bt.reshape((1,) * (4 - bt.dim()) + tuple(bt.shape)))
+            b = _batch(torch.stack(tiles, 2), bs)                    # (Bb, Hb, C, bq, K * bk)
+            return b.unflatten(-1, (c.shape[1], c.shape[2]))
+        return None
+
+    def logits(self, bs, ch: Chunk, params=None):
+        """Scaled, biased, masked scores (Bg, Hkv, C, G, bq, K, bk) in the accumulation dtype, and
+        the query chunk and gathered keys and values (Bg * Hkv * C, G * bq | K * bk, D | Dv)."""
+        B, H, Hkv, G, L, S, D, Dv = self.dims
+        bq, bk = self.layout.block_q, self.layout.block_k
+        dev = self.qb.device
+        C, K = ch.idx.shape
+        ix = ch.idx.to(dev)
+        qc = self.qb[bs][:, :, ch.qsel.to(dev)].reshape(-1, G * bq, D)   # (Bg*Hkv*C, G*bq, D)
+        kg = self.kb[bs][:, :, ix].reshape(-1, K * bk, D)           # (Bg*Hkv*C, K*bk, D)
+        vg = self.vb[bs][:, :, ix].reshape(-1, K * bk, Dv)
+        s = torch.bmm(qc, kg.transpose(1, 2))                       # (Bg*Hkv*C, G*bq, K*bk)
+        s = s.to(accum_dtype(s.dtype)).view(-1, Hkv, C, G, bq, K, bk)
+        b = self.bias_chunk(bs, ch, params)
+        if b is not None:
+            s = s + _to7(b.to(s.dtype), Hkv, G)
+        allowed = chunk_allowed(ch, S, bk)
+        if allowed is not None:
+            # An additive 0 / -inf block the size of one head: cheaper than a broadcast masked_fill.
+            neg = torch.zeros(allowed.shape, dtype=s.dtype).masked_fill_(~allowed, float("-inf"))
+            s = s.add_(_to7(_batch(neg, bs).to(dev), Hkv, G))
+        return s, qc, kg, vg
+
+    def keep(self, bs, ch: Chunk) -> Tensor:
+        """Dropout multiplier keep / (1 - p) in the scores' (Bg, Hkv, C, G, bq, K, bk) layout."""
+        B, H, Hkv, G, _, _, _, _ = self.dims
+        r, c = self.positions(ch)
+        keep = _keep(self.seed, self.dropout_p, B, H, bs, r.to(self.qb.device), c.to(self.qb.device))
+        return _to7(keep, Hkv, G).to(accum_dtype(self.qb.dtype)) / (1.0 - self.dropout_p)
+
+
+def _flat(x: Tensor) -> Tensor:
+    """(Bg, Hkv, C, G, bq, K, bk) -> (Bg * Hkv * C, G * bq, K * bk), the matmul layout."""
+    n0, n1, n2, n3, n4, n5, n6 = x.shape
+    return x.reshape(n0 * n1 * n2, n3 * n4, n5 * n6)
+
+
+def _forward(pb: _Problem, want_weights: bool):
+    B, H, Hkv, G, L, S, D, Dv = pb.dims
+    dt, acc = pb.qb.dtype, accum_dtype(pb.qb.dtype)
+    nq, bq, bk = pb.qb.shape[2], pb.layout.block_q, pb.layout.block_k
+    out = pb.qb.new_zeros(B, Hkv, nq, G, bq, Dv, dtype=acc)
+    lse = pb.qb.new_full((B, Hkv, nq, G, bq), float("-inf"), dtype=acc)
+    w7 = pb.qb.new_zeros(B, Hkv, G, nq, bq, pb.kb.shape[2], bk, dtype=acc) if want_weights else None
+    for bs, ch in pb.chunks():
+        s, _, _, vg = pb.logits(bs, ch)
+        qsel = ch.qsel.to(s.device)
+        m = s.amax((-2, -1), keepdim=True)
+        m = torch.where(m == float("-inf"), 0.0, m)                 # empty rows: exp(-inf - 0) = 0, no NaN
+        p = s.sub_(m).exp_()                                        # (Bg, Hkv, C, G, bq, K, bk) unnormalized
+        l = p.sum((-2, -1), keepdim=True)
+        lse[bs, :, qsel] = (m + torch.log(l)).flatten(-3)
+        inv_l = 1.0 / torch.where(l > 0, l, 1.0)                    # empty rows: l = 0 -> output 0
+        if w7 is not None:
+            qi, si = (ch.kinds != EMPTY).nonzero().unbind(1)
+            target = w7[bs].permute(3, 5, 0, 1, 2, 4, 6)             # (nq, nk, Bg, Hkv, G, bq, bk) view
+            target[ch.qsel[qi], ch.idx[qi, si]] = (p * inv_l).permute(2, 5, 0, 1, 3, 4, 6)[qi, si]
+        if pb.dropout_p > 0.0:
+            p = p * pb.keep(bs, ch)
+        o = torch.bmm(_flat(p).to(dt), vg)                           # (Bg*Hkv*C, G*bq, Dv)
+        # Normalized after the matmul: a pass over (G*bq, Dv) instead of (G*bq, K*bk).
+        out[bs, :, qsel] = o.view(-1, Hkv, len(qsel), G, bq, Dv).to(acc) * inv_l.flatten(-2)
+    weights = None
+    if w7 is not None:
+        weights = w7.reshape(B, H, nq * bq, -1)[:, :, :L, :S]
+    return out, lse, weights
+
+
+def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: bool):
+    B, H, Hkv, G, L, S, D, Dv = pb.dims
+    dt, acc = pb.qb.dtype, accum_dtype(pb.qb.dtype)
+    bq, bk = pb.layout.block_q, pb.layout.block_k
+    delta = (dout.to(acc) * out).sum(-1)                            # (B, Hkv, nq, G, bq)
+    lse = torch.where(lse == float("-inf"), float("inf"), lse)      # empty rows recompute P = 0
+    dq = torch.zeros(pb.qb.shape, dtype=acc, device=pb.qb.device)
+    dk = torch.zeros(pb.kb.shape, dtype=acc, device=pb.kb.device)
+    dv = torch.zeros(pb.vb.shape, dtype=acc, device=pb.vb.device)
+    dbias = torch.zeros_like(pb.bias_t, dtype=acc) if want_bias else None
+    dparams = [torch.zeros_like(p) for p in pb.params]
+    for bs, ch in pb.chunks():
+        s, qc, kg, vg = pb.logits(bs, ch)
+        C, K = ch.idx.shape
+        qsel = ch.qsel.to(s.device)
+        p = s.sub_(lse[bs][:, :, qsel, :, :, None, None]).exp_()    # (Bg, Hkv, C, G, bq, K, bk)
+        do = dout[bs][:, :, qsel].reshape(-1, G * bq, Dv)
+        keep = pb.keep(bs, ch) if pb.dropout_p > 0.0 else None
+        pd = p * keep if keep is not None else p
+        ix = ch.idx.flatten().to(s.device)
+        dvg = torch.bmm(_flat(pd).transpose(1, 2).to(dt), do)      # (Bg*Hkv*C, K*bk, Dv)
+        dv[bs].index_add_(2, ix, dvg.view(-1, Hkv, C * K, bk, Dv).to(acc))
+        dp = torch.bmm(do, vg.transpose(1, 2)).to(acc).view(p.shape)
+        if keep is not None:
+            dp = dp * keep
+        ds = p.mul_(dp.sub_(delta[bs][:, :, qsel, :, :, None, None]))   # gradient of the logits
+        if dbias is not None or dparams:
+            g6 = ds.permute(0, 1, 3, 2, 4, 5, 6).flatten(1, 2)      # (Bg, H, C, bq, K, bk)
+        if dbias is not None:
+            r, c = pb.positions(ch)
+            _scatter_bias(dbias, g6, bs, r.clamp(max=L - 1), c.clamp(max=S - 1))
+        if dparams:
+            with torch.enable_grad():
+                params = tuple(t.detach().requires_grad_() for t in pb.params)
+                b = pb.bias_chunk(bs, ch, params)
+                grads = torch.autograd.grad(b, params, _reduce_to(g6, b.shape).to(b.dtype), allow_unused=True)
+            for acc_g, g_ in zip(dparams, grads):
+                if g_ is not None:
+                    acc_g += g_
+        dsf = _flat(ds).to(dt)
+        dq[bs, :, qsel] = torch.bmm(dsf, kg).view(-1, Hkv, C, G, bq, D).to(acc)
+        dkg = torch.bmm(dsf.transpose(1, 2), qc)                     # (Bg*Hkv*C, K*bk, D), q already scaled
+        dk[bs].index_add_(2, ix, dkg.view(-1, Hkv, C * K, bk, D).to(acc))
+    return dq.mul_(pb.scale), dk, dv, dbias, dparams
+
+
+def _reduce_to(x: Tensor, shape) -> Tensor:
+    """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
+    dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
+    return x.sum(dims, keepdim=True) if dims else x
+
+
+def _scatter_bias(dbias: Tensor, g6: Tensor, bs: slice, r: Tensor, c: Tensor) -> None:
+    """Add a chunk's logit gradient g6 (Bg, H, C, bq, K, bk) into dbias (Bb, Hb, Lb, Sb)."""
+    Bb, Hb, Lb, Sb = dbias.shape
+    target = _batch(dbias, bs)
+    g = g6.sum(1, keepdim=True) if Hb == 1 else g6
+    g = (g.sum(0, keepdim=True) if target.shape[0] == 1 else g).to(dbias.dtype)
+    ri = r[:, :, None, None] if Lb != 1 else torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    cj = c[:, None] if Sb != 1 else torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    flat = (ri * Sb + cj).expand(g.shape[2:]).flatten().to(dbias.device)
+    target.view(target.shape[0] * Hb, Lb * Sb).index_add_(1, flat, g.flatten(2).flatten(0, 1))
+
+
+class _SparseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias_t, cfg, *params):
+        pb = _Problem(q, k, v, bias_t, cfg["bias_s"], params, cfg["layout"], cfg["scale"],
+                      cfg["dropout_p"], cfg["seed"])
+        out, lse, weights = _forward(pb, cfg["weights"])
+        ctx.save_for_backward(q, k, v, bias_t, out, lse, *params)
+        ctx.cfg = cfg
+        cfg["weights_out"] = weights
+        B, H, Hkv, G, L, S, D, Dv = pb.dims
+        # (B, Hkv, nq, G, bq, Dv) -> (B, H, L, Dv)
+        return out.transpose(2, 3).reshape(B, H, -1, Dv)[:, :, :L].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, bias_t, out, lse, *params = ctx.saved_tensors
+        cfg = ctx.cfg
+        pb = _Problem(q, k, v, bias_t, cfg["bias_s"], tuple(params), cfg["layout"], cfg["scale"],
+                      cfg["dropout_p"], cfg["seed"])
+        B, H, Hkv, G, L, S, D, Dv = pb.dims
+        nq, bq = out.shape[2], pb.layout.block_q
+        dout = torch.nn.functional.pad(dout, (0, 0, 0, nq * bq - L))
+        dout = dout.reshape(B, Hkv, G, nq, bq, Dv).transpose(2, 3).contiguous()      # (B, Hkv, nq, G, bq, Dv)
+        want_bias = bias_t is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dbias, dparams = _backward(pb, out, lse, dout.to(q.dtype), want_bias)
+        dq = dq.transpose(2, 3).reshape(B, H, -1, D)[:, :, :L]
+        dk, dv = dk.reshape(B, Hkv, -1, D)[:, :, :S], dv.reshape(B, Hkv, -1, Dv)[:, :, :S]
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                dbias.to(bias_t.dtype) if dbias is not None else None, None,
+                *[g.to(p.dtype) for g, p in zip(dparams, params)])
+
+
+@register_backend("sparse", summary="exact block-sparse kernel: gathers only the key blocks the mask needs, "
+                                    "batched over query blocks; O(n * w) time and memory")
+def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
+                     bias: Optional[Bias] = None, scale: Optional[float] = None, dropout_p: float = 0.0,
+                     dropout_seed: Optional[int] = None, return_weights: bool = False,
+                     block_q: Optional[int] = None, block_k: Optional[int] = None,
+                     stats: Optional[SparseStats] = None):
+    """Exact attention computed only on the (query block x key block) pairs the mask leaves non-empty.
+
+    Args:
+        q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
+        mask, bias, scale, dropout_p, dropout_seed, return_weights: as for the reference backend.
+        block_q, block_k: block sizes (default 64 x 64, or a block pattern's own block).
+        stats: if given, filled with the blocks computed, masked and padded (a count, not a time).
+    Returns:
+        out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights.
+    Example:
+        q, k, v = (torch.randn(1, 8, 4096, 64) for _ in range(3))
+        out = sparse_attention(q, k, v, mask=masks.bigbird(64, 3), scale=0.125)
+    """
+    B, H, L, D = q.shape
+    S = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    dq_, dk_ = default_blocks(mask)
+    block_q, block_k = (dq_ if block_q is None else block_q), (dk_ if block_k is None else block_k)
+    for name, val in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"sparse backend: {name}={val!r} must be a positive int")
+    layout = make_layout(mask, B, H, L, S, block_q, block_k, CHUNK_SCORES)
+    if stats is not None:
+        stats.add(layout.stats)
+    bias_t = bias if isinstance(bias, Tensor) else None
+    bias_s = bias if isinstance(bias, StructuredBias) else None
+    params = bias_s.params if bias_s is not None else ()
+    cfg = dict(mask=mask, bias_s=bias_s, layout=layout, scale=scale, dropout_p=dropout_p, seed=dropout_seed,
+               weights=return_weights)
+    out = _SparseAttention.apply(q, k, v, bias_t, cfg, *params)
+    return (out, cfg["weights_out"]) if return_weights else out
