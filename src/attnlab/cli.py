@@ -3,6 +3,8 @@
     attnlab bench --quick                         # about a minute: the table, and bench-results/kernels.json
     attnlab bench --n 8192 --mask window documents --mode fwd --dtype float32
     attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
+    attnlab bench --complexity [--quick]          # time and memory vs n up to 256k, fitted n^alpha, PNG plots
+    attnlab bench --favor-accuracy [--quick]      # FAVOR+ error vs number of random features, PNG plot
 
 Adding a subcommand: write ``_add_<name>(sub)`` that builds its parser and sets ``run=``, and
 list it in ``SUBCOMMANDS``. Progress goes to stderr (through ``logging``), results to stdout.
@@ -21,6 +23,8 @@ __all__ = ["main", "build_parser"]
 
 DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
 DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
+DEFAULT_COMPLEXITY_JSON = "bench-results/complexity.json"
+DEFAULT_ACCURACY_JSON = "bench-results/favor-accuracy.json"
 
 
 def _bench_config(args: argparse.Namespace):
@@ -49,12 +53,43 @@ def _bench_config(args: argparse.Namespace):
     return cfg
 
 
+def _complexity(args: argparse.Namespace):
+    """(report, text, json path, plot paths) of ``--complexity``: its defaults, --quick, then explicit options."""
+    from .bench.complexity import COMPLEXITY_QUICK, ComplexityConfig, format_complexity, plot_complexity, run_complexity
+    cfg = ComplexityConfig(**(COMPLEXITY_QUICK if args.quick else {}))
+    given = {"n": args.n, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "window": args.window,
+             "repeats": args.repeats, "memory_limit_gb": args.memory_limit_gb, "memory": args.memory,
+             "run_budget_s": args.run_budget_s, "dtype": (args.dtype or [None])[0]}
+    for key, val in given.items():
+        if val is not None:
+            setattr(cfg, key, val)
+    report = run_complexity(cfg, args.argv)
+    path = args.json or DEFAULT_COMPLEXITY_JSON
+    return report, format_complexity(report), path, plot_complexity(report, path.removesuffix(".json"))
+
+
+def _favor_accuracy(args: argparse.Namespace):
+    """(report, text, json path, plot paths) of ``--favor-accuracy``."""
+    from .bench.accuracy import ACCURACY_QUICK, AccuracyConfig, format_accuracy, plot_accuracy, run_favor_accuracy
+    cfg = AccuracyConfig(**(ACCURACY_QUICK if args.quick else {}))
+    for key, val in {"n": (args.n or [None])[0], "batch": args.batch, "heads": args.heads,
+                     "head_dim": args.head_dim}.items():
+        if val is not None:
+            setattr(cfg, key, val)
+    report = run_favor_accuracy(cfg, args.argv)
+    path = args.json or DEFAULT_ACCURACY_JSON
+    return report, format_accuracy(report), path, [plot_accuracy(report, path.removesuffix(".json") + ".png")]
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
     from .bench.scaling import ScalingConfig
     argv = args.argv
     t0 = time.perf_counter()
-    if args.memory_scaling:
+    plots: list[str] = []
+    if args.complexity or args.favor_accuracy:
+        report, text, path, plots = (_complexity if args.complexity else _favor_accuracy)(args)
+    elif args.memory_scaling:
         scfg = ScalingConfig(dtype=(args.dtype or ["float32"])[0], batch=args.batch or 1,
                              heads=args.heads or 8, head_dim=args.head_dim or 64,
                              memory_limit_gb=args.memory_limit_gb or 16.0)
@@ -66,7 +101,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     report["meta"]["total_wall_s"] = time.perf_counter() - t0
     write_json(report, path)
     print(text, end="")
-    print(f"wrote {path} ({report['meta']['total_wall_s']:.0f} s)", file=sys.stderr)
+    print(f"wrote {', '.join([path] + plots)} ({report['meta']['total_wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
 
@@ -106,10 +141,20 @@ def _add_bench(sub) -> None:
     b.add_argument("--memory-scaling", action="store_true",
                    help="instead of timing: tiled vs reference peak memory, causal fwd+bwd, n up to 32768, "
                         "power-law fits and the ratio at 32768")
+    b.add_argument("--complexity", action="store_true",
+                   help="instead of timing cases: time and peak memory vs n (1k-64k, 256k for sparse and linear) "
+                        "for reference, sdpa, tiled, sparse, linear; fitted n^alpha; PNG plots; the issue #4 "
+                        "targets (--quick: under a minute, small n)")
+    b.add_argument("--favor-accuracy", action="store_true",
+                   help="instead of timing: FAVOR+ relative error vs exact softmax for m = 16..1024 random "
+                        "features (several seeds), elu+1 as a reference line; table and PNG plot")
+    b.add_argument("--run-budget-s", type=float,
+                   help="--complexity: skip a point whose single run is predicted above this (default 30)")
     b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
     b.add_argument("--json", metavar="PATH",
                    help=f"where to write the results (default {DEFAULT_KERNELS_JSON}, "
-                        f"or {DEFAULT_SCALING_JSON} with --memory-scaling)")
+                        f"{DEFAULT_SCALING_JSON} with --memory-scaling, {DEFAULT_COMPLEXITY_JSON} with "
+                        f"--complexity, {DEFAULT_ACCURACY_JSON} with --favor-accuracy; PNGs beside it)")
     b.set_defaults(run=_run_bench)
 
 
