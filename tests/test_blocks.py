@@ -88,3 +88,19 @@ def test_block_errors():
     dec = Decoder(BlockConfig(d_model=8, n_heads=2), 1)
     with pytest.raises(ValueError, match="pass the encoder output as memory"):
         dec(torch.randn(1, 3, 8), None)
+
+
+def test_capture_records_every_layers_attention():
+    torch.manual_seed(0)
+    cfg = BlockConfig(d_model=32, n_heads=4)
+    enc, dec = Encoder(cfg, 2).eval(), Decoder(cfg, 3).eval()
+    src, tgt = torch.randn(1, 7, 32), torch.randn(1, 5, 32)
+    with torch.no_grad():
+        caught: list = []
+        mem = enc(src, capture=caught)
+        assert torch.equal(mem, enc(src))                            # capturing changes nothing
+        assert [c.weights.shape for c in caught] == [(1, 4, 7, 7)] * 2
+        caught = []
+        dec(tgt, mem, capture=caught)
+        assert [c.weights.shape for c in caught] == [(1, 4, 5, 5), (1, 4, 5, 7)] * 3
+        assert torch.all(caught[0].weights.triu(1) == 0)             # decoder self-attention is causal

@@ -115,17 +115,32 @@ class TransformerBlock(nn.Module):
         return norm(x + self.drop(fn(x)))
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None, *, key_mask: Optional[Tensor] = None,
-                memory_mask: Optional[Tensor] = None, cache: Optional[tuple[KVCache, ...]] = None) -> Tensor:
-        """x (B, L, C); memory (B, S, d_context) for cross-attention; masks (B, ·) bool, True = real token."""
+                memory_mask: Optional[Tensor] = None, cache: Optional[tuple[KVCache, ...]] = None,
+                capture: Optional[list] = None) -> Tensor:
+        """x (B, L, C); memory (B, S, d_context) for cross-attention; masks (B, ·) bool, True = real token.
+
+        ``capture``: a list to which the self-attention's (then the cross-attention's)
+        ``Intermediates`` are appended, for inspection (attention maps).
+        """
         if self.cross_attn is not None and memory is None and (cache is None or cache[1].length == 0):
             raise ValueError("this block has cross-attention: pass the encoder output as memory (B, S, d_context)")
         self_cache = cache[0] if cache is not None else None
-        x = self._residual(x, self.norms[0], lambda h: self.self_attn(h, key_mask=key_mask, cache=self_cache))
+        x = self._residual(x, self.norms[0], lambda h: _run(self.self_attn, capture, h, key_mask=key_mask,
+                                                              cache=self_cache))
         if self.cross_attn is not None:
             cross_cache = cache[1] if cache is not None else None
-            x = self._residual(x, self.norms[1], lambda h: self.cross_attn(
-                h, memory, key_mask=memory_mask, cache=cross_cache))
+            x = self._residual(x, self.norms[1], lambda h: _run(self.cross_attn, capture, h, memory,
+                                                                  key_mask=memory_mask, cache=cross_cache))
         return self._residual(x, self.norms[-1], self.mlp)
+
+
+def _run(attn: MultiHeadAttention, capture: Optional[list], *args, **kwargs) -> Tensor:
+    """Call ``attn``; with a capture list, also record its Intermediates there."""
+    if capture is None:
+        return attn(*args, **kwargs)
+    y, inter = attn(*args, return_intermediates=True, **kwargs)
+    capture.append(inter)
+    return y
 
 
 class _Stack(nn.Module):
@@ -148,9 +163,9 @@ class Encoder(_Stack):
     def __init__(self, cfg: BlockConfig, n_layers: int):
         super().__init__(replace(cfg, causal=False, cross_attention=False), n_layers)
 
-    def forward(self, x: Tensor, *, key_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, *, key_mask: Optional[Tensor] = None, capture: Optional[list] = None) -> Tensor:
         for layer in self.layers:
-            x = layer(x, key_mask=key_mask)
+            x = layer(x, key_mask=key_mask, capture=capture)
         return self.final_norm(x)
 
 
@@ -165,8 +180,10 @@ class Decoder(_Stack):
                 for layer in self.layers]
 
     def forward(self, x: Tensor, memory: Optional[Tensor], *, key_mask: Optional[Tensor] = None,
-                memory_mask: Optional[Tensor] = None, cache: Optional[list] = None) -> Tensor:
+                memory_mask: Optional[Tensor] = None, cache: Optional[list] = None,
+                capture: Optional[list] = None) -> Tensor:
+        """``capture`` receives, per layer, the self- then the cross-attention Intermediates."""
         for n, layer in enumerate(self.layers):
             x = layer(x, memory, key_mask=key_mask, memory_mask=memory_mask,
-                      cache=None if cache is None else cache[n])
+                      cache=None if cache is None else cache[n], capture=capture)
         return self.final_norm(x)

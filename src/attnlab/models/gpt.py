@@ -1,0 +1,198 @@
+"""GPT: a decoder-only transformer (causal self-attention blocks) and KV-cache generation.
+
+    idx (B, L) --tok_emb (+ absolute PE)--> (B, L, C) --n_layer pre-norm blocks--> norm --lm_head--> (B, L, V)
+
+The positional scheme is a config field: ``learned`` / ``sinusoidal`` are added once to the
+embeddings (GPT-2); ``rope`` / ``alibi`` act inside every attention layer. The LM head shares the
+token embedding's weight (weight tying, Press & Wolf 2017) unless ``tie_weights=False``.
+
+Example::
+
+    model = GPT(GPTConfig.preset("nano", vocab_size=65))
+    logits = model(idx)                                   # idx: (B, L) int64 -> (B, L, 65)
+    out = model.generate(idx, max_new_tokens=50, top_k=10, seed=0)   # (B, L + 50)
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..nn import BlockConfig, TransformerBlock
+from ..nn.blocks import make_norm
+from ..positional import LearnedEncoding, SinusoidalEncoding
+from .sampling import sample_next
+
+__all__ = ["GPTConfig", "GPT", "PRESETS"]
+
+log = logging.getLogger(__name__)
+
+# nanoGPT-style presets: dict overrides of GPTConfig's defaults.
+PRESETS: dict[str, dict] = {
+    "nano": dict(n_layer=2, n_head=4, d_model=64, block_size=128),
+    "micro": dict(n_layer=4, n_head=4, d_model=128, block_size=256),
+    "mini": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
+}
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int                            # tokens the tokenizer can produce
+    block_size: int = 256                      # the context: most tokens one forward pass sees
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_heads: Optional[int] = None           # GQA/MQA: fewer kv heads shrink the KV cache
+    d_model: int = 128
+    positional: str = "learned"                # learned | sinusoidal | rope | alibi
+    dropout: float = 0.0                       # residual and attention dropout (training only)
+    bias: bool = True                          # biases in linears and LayerNorms (GPT-2 has them)
+    norm: str = "layer"                        # layer | rms
+    mlp: str = "gelu"                          # gelu | swiglu
+    tie_weights: bool = True                   # lm_head.weight is tok_emb.weight
+    backend: str = "auto"                      # attention backend by name
+    extra: dict = field(default_factory=dict)  # positional options, e.g. {"base": 10000.0} for RoPE
+
+    def __post_init__(self):
+        if self.positional not in ("learned", "sinusoidal", "rope", "alibi"):
+            raise ValueError(f"GPT positional must be learned, sinusoidal, rope or alibi, got {self.positional!r}")
+        if self.vocab_size <= 0 or self.block_size <= 0 or self.n_layer <= 0:
+            raise ValueError(f"vocab_size, block_size and n_layer must be positive, got {self.vocab_size}, "
+                             f"{self.block_size}, {self.n_layer}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "GPTConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown GPT preset {name!r}; choose from {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def block(self) -> BlockConfig:
+        in_layer = self.positional in ("rope", "alibi")
+        return BlockConfig(d_model=self.d_model, n_heads=self.n_head, n_kv_heads=self.n_kv_heads, norm=self.norm,
+                           norm_first=True, mlp=self.mlp, dropout=self.dropout, attn_dropout=self.dropout,
+                           causal=True, positional=self.positional if in_layer else None,
+                           positional_options=self.extra, bias=self.bias, backend=self.backend)
+
+
+class GPT(nn.Module):
+    """Decoder-only language model; ``forward(idx) -> logits``, ``generate`` with a KV cache."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.positional == "learned":
+            self.pos_enc = LearnedEncoding(cfg.block_size, cfg.d_model)
+        elif cfg.positional == "sinusoidal":
+            self.pos_enc = SinusoidalEncoding(cfg.d_model)
+        else:
+            self.pos_enc = None                                        # rope / alibi live in the layers
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.block()) for _ in range(cfg.n_layer))
+        self.norm = make_norm(cfg.block())
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        # GPT-2: residual projections scaled by 1/sqrt(2 n_layer) so the stream's variance stays put
+        for name, p in self.named_parameters():
+            if name.endswith(("out_proj.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: Tensor, *, cache: Optional[list] = None, capture: Optional[list] = None) -> Tensor:
+        """Logits (B, L, V) for token ids idx (B, L).
+
+        cache: per-layer ``KVCache`` list from ``new_cache`` (the new tokens follow the cached ones).
+        capture: a list that receives each layer's ``Intermediates`` (scores, weights (B, H, L, S)).
+        """
+        if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"idx must be an int64 tensor (B, L), got {getattr(idx, 'dtype', type(idx))} "
+                            f"{tuple(getattr(idx, 'shape', ()))}")
+        past = cache[0].length if cache else 0
+        L = idx.shape[1]
+        if past + L > self.cfg.block_size:
+            raise ValueError(f"{past} cached + {L} new tokens exceed block_size={self.cfg.block_size}; "
+                             "crop the context to the last block_size tokens")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.cfg.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]")
+        x = self.tok_emb(idx)                                          # (B, L, C)
+        if self.pos_enc is not None:
+            x = self.pos_enc(x, past)
+        x = self.drop(x)
+        for n, block in enumerate(self.blocks):
+            x = block(x, cache=None if cache is None else (cache[n],), capture=capture)
+        return self.lm_head(self.norm(x))                              # (B, L, V)
+
+    def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
+        """Mean next-token cross-entropy (nats per token); targets (B, L), -100 = ignore."""
+        logits = self(idx)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+    def new_cache(self, batch: int, capacity: Optional[int] = None) -> list:
+        capacity = capacity or self.cfg.block_size
+        return [b.self_attn.new_cache(batch, capacity) for b in self.blocks]
+
+    @torch.no_grad()
+    def generate_tokens(self, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                        top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
+                        use_cache: bool = True) -> Iterator[Tensor]:
+        """Yield the next token ids (B,) one step at a time (for streaming).
+
+        A prompt longer than block_size is cropped from the left (with a warning). When the
+        context fills up, the model continues on the last block_size // 2 tokens (re-encoded).
+        """
+        was_training = self.training
+        self.eval()
+        gen = torch.Generator(device=idx.device)
+        gen.manual_seed(seed if seed is not None else torch.seed())
+        T = self.cfg.block_size
+        if idx.shape[1] > T:
+            log.warning("prompt of %d tokens is longer than the context (%d): keeping the last %d",
+                        idx.shape[1], T, T)
+            idx = idx[:, -T:]
+        try:
+            context, cache = idx, (self.new_cache(idx.shape[0]) if use_cache else None)
+            logits = self(context, cache=cache)[:, -1]                  # (B, V)
+            for _ in range(max_new_tokens):
+                nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+                yield nxt
+                context = torch.cat([context, nxt[:, None]], dim=1)
+                if context.shape[1] > T:                               # full: restart on the recent half
+                    context = context[:, -(T // 2):]
+                    cache = self.new_cache(idx.shape[0]) if use_cache else None
+                    logits = self(context, cache=cache)[:, -1]
+                elif use_cache:
+                    logits = self(nxt[:, None], cache=cache)[:, -1]
+                else:
+                    logits = self(context)[:, -1]
+        finally:
+            self.train(was_training)
+
+    def generate(self, idx: Tensor, max_new_tokens: int, **kwargs) -> Tensor:
+        """idx (B, L) followed by max_new_tokens sampled tokens: (B, L + max_new_tokens)."""
+        new = list(self.generate_tokens(idx, max_new_tokens, **kwargs))
+        return torch.cat([idx, torch.stack(new, 1)], 1) if new else idx
+
+    def with_backend(self, backend: str) -> "GPT":
+        """Point every attention layer at another backend (same weights)."""
+        self.cfg = replace(self.cfg, backend=backend)
+        for b in self.blocks:
+            b.self_attn.cfg = replace(b.self_attn.cfg, backend=backend)
+        return self
