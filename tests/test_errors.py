@@ -29,7 +29,7 @@ v4 = torch.randn(2, 4, 7, 12)
     ((q4, k4, v4), dict(dropout_p=-0.1), ValueError, r"dropout_p=-0.1 is outside \[0, 1\)"),
     ((q4, k4, v4), dict(dropout_p=1.0), ValueError, r"dropout_p=1.0"),
     ((q4, k4, v4), dict(scale="big"), TypeError, r"scale must be a finite number"),
-    ((q4, k4, v4), dict(backend="flash9"), ValueError, r"unknown attention backend 'flash9'; available: \['reference', 'sdpa', 'tiled'"),
+    ((q4, k4, v4), dict(backend="flash9"), ValueError, r"unknown attention backend 'flash9'; available: \[.*'reference', .*'sdpa', .*'tiled'"),
     ((q4, k4, v4), dict(causal=1), TypeError, r"causal must be a bool"),
     ((q4, k4, v4), dict(mask=al.masks.padding([3, 4, 5])), ValueError, r"batch size 3, but q has batch size 2"),
     ((q4, k4, v4), dict(mask=al.masks.documents(torch.zeros(6, dtype=torch.long))), ValueError, r"length 6 but there are S=7 keys"),
@@ -41,7 +41,7 @@ def test_bad_input_names_the_problem(args, kwargs, err, match):
 
 def test_named_backend_that_cannot_honour_request():
     q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.bfloat16) for _ in range(3))
-    with pytest.raises(ValueError, match=r"backend 'sdpa' cannot compute this request: .*Backends that can: \['reference', 'tiled'\]"):
+    with pytest.raises(ValueError, match=r"backend 'sdpa' cannot compute this request: .*Backends that can: \[.*'reference', .*'tiled'.*\]"):
         al.attention(q, k, v, bias=torch.zeros(4, 4), backend="sdpa")
 
 
