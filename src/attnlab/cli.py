@@ -158,7 +158,9 @@ def _add_bench(sub) -> None:
     b.set_defaults(run=_run_bench)
 
 
-SUBCOMMANDS: list[Callable] = [_add_bench]
+from .cli_lm import add_generate, add_train  # noqa: E402  (train / generate live in their own module)
+
+SUBCOMMANDS: list[Callable] = [_add_bench, add_train, add_generate]
 
 
 def build_parser() -> argparse.ArgumentParser:
