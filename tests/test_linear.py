@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import attnlab as al
 from attnlab.functional import masks
 from attnlab.functional.backends.linear import EPS, linear_attention
+from attnlab.functional.backends.linear_core import causal_kernel_product
 from attnlab.functional.backends.linear_recurrent import LinearAttentionState, absorb, step
 
 SHAPES = [(1, 33), (17, 17), (13, 29), (29, 13), (40, 40)]   # (L, S): decode, odd, L < S, L > S
@@ -215,3 +216,24 @@ def test_bad_arguments():
         step(state, q[:, :, :1], k[:, :1, :1], v[:, :, :1])
     with pytest.raises(ValueError, match=r"scale=-2.0"):
         LinearAttentionState.zeros(1, 2, 8, 6, scale=-2.0)
+
+
+@pytest.mark.parametrize("chunk, segment", [(1, 1), (2, 4), (3, 7), (4, 100)])
+def test_kernel_product_any_chunk_and_segment(chunk, segment):
+    """The chunked, segmented prefix sums equal the masked quadratic product, values and gradients."""
+    g = torch.Generator().manual_seed(1)
+    fq = torch.rand(1, 2, 2, 11, 3, generator=g, dtype=torch.float64).requires_grad_()
+    fk = torch.rand(1, 2, 11, 3, generator=g, dtype=torch.float64).requires_grad_()
+    vh = torch.randn(1, 2, 11, 4, generator=g, dtype=torch.float64).requires_grad_()
+    s0 = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64).requires_grad_()
+    naive = lambda fq, fk, vh, s0: ((fq @ fk.unsqueeze(2).transpose(-2, -1)).tril() @ vh.unsqueeze(2)
+                                    + fq @ s0.unsqueeze(2))
+    fn = lambda fq, fk, vh, s0: causal_kernel_product(fq, fk, vh, s0, chunk, segment)
+    torch.testing.assert_close(fn(fq, fk, vh, s0), naive(fq, fk, vh, s0))
+    gy = torch.randn(1, 2, 2, 11, 4, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(fn(fq, fk, vh, s0), (fq, fk, vh, s0), gy)
+    want = torch.autograd.grad(naive(fq, fk, vh, s0), (fq, fk, vh, s0), gy)
+    for name, a, b in zip(("fq", "fk", "vhat", "s0"), got, want):
+        torch.testing.assert_close(a, b, msg=lambda m: f"d{name}: {m}")
+    if chunk == 3:
+        assert torch.autograd.gradcheck(fn, (fq, fk, vh, s0))

@@ -7,8 +7,9 @@ exp(s q_i·k_j) are replaced by phi(q_i)·phi(k_j) with positive features phi, a
     out_i = sum_j (phi(q_i)·phi(k_j)) v_j / (sum_j phi(q_i)·phi(k_j) + eps)        eps = 1e-6
 
 costs O(n m Dv) rather than O(n^2) (``linear_core``): non-causal through phi(K)^T V, causal through
-chunked prefix sums with a constant-memory-per-chunk backward. The same code serves any positive
-feature map (``FeatureMap``); Performer's FAVOR+ random features are one (``favor``).
+chunked prefix sums whose backward recomputes the chunks instead of storing n prefix states. The
+same code serves any positive feature map (``FeatureMap``); Performer's FAVOR+ random features are
+one (``favor``). For O(1)-per-token decoding see ``linear_recurrent`` (``LinearAttentionState``).
 
 Conventions:
 * ``scale`` plays the role it has in softmax: the features see sqrt(scale) * q and sqrt(scale) * k
@@ -74,7 +75,8 @@ class EluFeatures(FeatureMap):
         return head_dim
 
     def __call__(self, x: Tensor) -> Tensor:
-        return F.elu(x) + 1.0
+        # in place is safe: elu's backward reads its input, not its output (one pass over n x D saved)
+        return F.elu(x).add_(1.0)
 
     def __repr__(self):
         return "EluFeatures()"
