@@ -162,10 +162,11 @@ class Trainer:
         log.info("time budget %.1f min at %.3f s/step: the schedule runs %d steps", cfg.time_limit_min, s_per_step, steps)
 
     # ---------------------------------------------------------------- the loop
-    def train(self, max_steps: Optional[int] = None) -> list[float]:
+    def train(self, max_steps: Optional[int] = None, *, plot: bool = True) -> list[float]:
         """Train until cfg.steps, the time limit, Ctrl-C or ``max_steps`` (a step count); returns this call's losses.
 
-        Always ends with a checkpoint, a validation loss at the last step and the loss-curve PNG.
+        Always ends with a checkpoint and a validation loss at the last step, then (``plot``) the
+        loss-curve PNG of the whole run.
         """
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -227,6 +228,7 @@ class Trainer:
         if self.saved_step != self.step:
             path = self.save()
             log.info("checkpoint %s", path)
-        plot_loss_curve(self.metrics.records(), self.out / "loss.png",
-                        title=f"GPT {self.model.num_params() / 1e6:.2f}M params on {self.data.info.get('name', '?')}")
+        if plot:
+            plot_loss_curve(self.metrics.records(), self.out / "loss.png",
+                            title=f"GPT {self.model.num_params() / 1e6:.2f}M params on {self.data.info.get('name', '?')}")
         return losses
