@@ -5,6 +5,7 @@
     attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
     attnlab bench --complexity [--quick]          # time and memory vs n up to 256k, fitted n^alpha, PNG plots
     attnlab bench --favor-accuracy [--quick]      # FAVOR+ error vs number of random features, PNG plot
+    attnlab bench --lm [--quick]                  # GPT training tokens/s vs nanoGPT; KV-cache generation
 
 Adding a subcommand: write ``_add_<name>(sub)`` that builds its parser and sets ``run=``, and
 list it in ``SUBCOMMANDS``. Progress goes to stderr (through ``logging``), results to stdout.
@@ -25,6 +26,7 @@ DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
 DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
 DEFAULT_COMPLEXITY_JSON = "bench-results/complexity.json"
 DEFAULT_ACCURACY_JSON = "bench-results/favor-accuracy.json"
+DEFAULT_LM_JSON = "bench-results/lm.json"
 
 
 def _bench_config(args: argparse.Namespace):
@@ -81,13 +83,23 @@ def _favor_accuracy(args: argparse.Namespace):
     return report, format_accuracy(report), path, [plot_accuracy(report, path.removesuffix(".json") + ".png")]
 
 
+def _lm(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--lm``: its defaults, --quick, then --batch / --repeats."""
+    from .bench.lm import LM_QUICK, LMBenchConfig, format_lm, run_lm
+    given = {k: v for k, v in {"batch": args.batch, "repeats": args.repeats}.items() if v is not None}
+    report = run_lm(LMBenchConfig(**{**(LM_QUICK if args.quick else {}), **given}), args.argv)
+    return report, format_lm(report), args.json or DEFAULT_LM_JSON, []
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
     from .bench.scaling import ScalingConfig
     argv = args.argv
     t0 = time.perf_counter()
     plots: list[str] = []
-    if args.complexity or args.favor_accuracy:
+    if args.lm:
+        report, text, path, plots = _lm(args)
+    elif args.complexity or args.favor_accuracy:
         report, text, path, plots = (_complexity if args.complexity else _favor_accuracy)(args)
     elif args.memory_scaling:
         scfg = ScalingConfig(dtype=(args.dtype or ["float32"])[0], batch=args.batch or 1,
@@ -148,13 +160,18 @@ def _add_bench(sub) -> None:
     b.add_argument("--favor-accuracy", action="store_true",
                    help="instead of timing: FAVOR+ relative error vs exact softmax for m = 16..1024 random "
                         "features (several seeds), elu+1 as a reference line; table and PNG plot")
+    b.add_argument("--lm", action="store_true",
+                   help="instead of kernels: GPT (micro) training tokens/s vs a nanoGPT-equivalent model, KV-cache "
+                        "vs recomputed greedy generation, per-call overheads (--quick: nano, under 30 s; "
+                        "--batch, --repeats apply)")
     b.add_argument("--run-budget-s", type=float,
                    help="--complexity: skip a point whose single run is predicted above this (default 30)")
     b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
     b.add_argument("--json", metavar="PATH",
                    help=f"where to write the results (default {DEFAULT_KERNELS_JSON}, "
                         f"{DEFAULT_SCALING_JSON} with --memory-scaling, {DEFAULT_COMPLEXITY_JSON} with "
-                        f"--complexity, {DEFAULT_ACCURACY_JSON} with --favor-accuracy; PNGs beside it)")
+                        f"--complexity, {DEFAULT_ACCURACY_JSON} with --favor-accuracy, {DEFAULT_LM_JSON} "
+                        f"with --lm; PNGs beside it)")
     b.set_defaults(run=_run_bench)
 
 
