@@ -5,6 +5,7 @@
     attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
     attnlab bench --complexity [--quick]          # time and memory vs n up to 256k, fitted n^alpha, PNG plots
     attnlab bench --favor-accuracy [--quick]      # FAVOR+ error vs number of random features, PNG plot
+    attnlab bench --minilm [--quick]              # all-MiniLM-L6-v2 forward: attnlab backends vs transformers
     attnlab bench --lm [--quick]                  # GPT training tokens/s vs nanoGPT; KV-cache generation
 
 Adding a subcommand: write ``_add_<name>(sub)`` that builds its parser and sets ``run=``, and
@@ -26,6 +27,7 @@ DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
 DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
 DEFAULT_COMPLEXITY_JSON = "bench-results/complexity.json"
 DEFAULT_ACCURACY_JSON = "bench-results/favor-accuracy.json"
+DEFAULT_MINILM_JSON = "bench-results/minilm.json"
 DEFAULT_LM_JSON = "bench-results/lm.json"
 
 
@@ -91,13 +93,28 @@ def _lm(args: argparse.Namespace):
     return report, format_lm(report), args.json or DEFAULT_LM_JSON, []
 
 
+def _minilm(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--minilm``: its defaults, --quick, then --n/--batch/--backend/--repeats."""
+    from .bench.minilm import MINILM_QUICK, MiniLMBenchConfig, format_minilm, run_minilm
+    cfg = MiniLMBenchConfig(**(MINILM_QUICK if args.quick else {}))
+    if args.n is not None or args.batch is not None:
+        cfg.cases = [(args.batch or B, L) for B, L in cfg.cases] if args.n is None else \
+            [(args.batch or cfg.cases[0][0], n) for n in args.n]
+    cfg.backends = args.backend or cfg.backends
+    cfg.repeats = args.repeats or cfg.repeats
+    report = run_minilm(cfg, args.argv)
+    return report, format_minilm(report), args.json or DEFAULT_MINILM_JSON, []
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
     from .bench.scaling import ScalingConfig
     argv = args.argv
     t0 = time.perf_counter()
     plots: list[str] = []
-    if args.lm:
+    if args.minilm:
+        report, text, path, plots = _minilm(args)
+    elif args.lm:
         report, text, path, plots = _lm(args)
     elif args.complexity or args.favor_accuracy:
         report, text, path, plots = (_complexity if args.complexity else _favor_accuracy)(args)
@@ -164,6 +181,10 @@ def _add_bench(sub) -> None:
                    help="instead of kernels: GPT (micro) training tokens/s vs a nanoGPT-equivalent model, KV-cache "
                         "vs recomputed greedy generation, per-call overheads (--quick: nano, under 30 s; "
                         "--batch, --repeats apply)")
+    b.add_argument("--minilm", action="store_true",
+                   help="instead of kernels: the real all-MiniLM-L6-v2 forward (B=32 L=128 and B=8 L=256, padded) "
+                        "for attnlab's Encoder on auto and every exact backend vs transformers' BertModel (sdpa); "
+                        f"--n, --batch, --backend, --repeats apply; JSON: {DEFAULT_MINILM_JSON}")
     b.add_argument("--run-budget-s", type=float,
                    help="--complexity: skip a point whose single run is predicted above this (default 30)")
     b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
