@@ -136,3 +136,13 @@ def test_bad_block_sizes(kw, err):
     q = torch.randn(1, 1, 8, 4)
     with pytest.raises(ValueError, match=err):
         sparse_attention(q, q, q, scale=0.5, **kw)
+
+
+def test_auto_picks_sparse_only_for_large_block_layouts():
+    big, small = torch.randn(1, 1, 8192, 8), torch.randn(1, 1, 2048, 8)
+    pick = lambda q, m, **kw: al.explain(q, q, q, mask=m, **kw).splitlines()[1]
+    assert pick(big, masks.bigbird(64, 3)).startswith("auto -> sparse")
+    assert pick(big, masks.block_sparse(torch.eye(128, dtype=torch.bool), 64) & masks.causal()).startswith("auto -> sparse")
+    assert pick(big, masks.window(128, 128)).startswith("auto -> tiled")          # bands: tiled measured faster
+    assert pick(small, masks.bigbird(64, 3)).startswith("auto -> tiled")          # below the measured crossover
+    assert pick(big, masks.bigbird(64, 3), bias=torch.zeros(1, 1, 1, 8192)).startswith("auto -> tiled")

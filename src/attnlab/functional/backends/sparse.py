@@ -37,6 +37,8 @@ __all__ = ["sparse_attention", "SparseStats"]
 # Score entries per chunk (all heads): big enough that the Python loop is short, small enough
 # that the chunk's few passes over its scores stay in the last-level cache.
 CHUNK_SCORES = 1 << 21
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def default_blocks(mask: Optional[Mask]) -> tuple[int, int]:
@@ -78,8 +80,9 @@ class _Problem:
         self.dims = (B, H, Hkv, G, L, S, D, v.shape[3])
         pad = torch.nn.functional.pad
         acc = accum_dtype(q.dtype)
-        # Scaled once here (O(L * D)) rather than on every score entry.
-        qs = (q.to(acc) * scale).to(q.dtype)
+        # Scaled once here (O(L * D)) rather than on every score entry; times log2(e) so that the
+        # scores are in base 2 and the kernel can use exp2 (~3x faster than exp on CPU, as in tiled).
+        qs = (q.to(acc) * (scale * LOG2E)).to(q.dtype)
         self.qb = pad(qs, (0, 0, 0, nq * bq - L)).reshape(B, Hkv, G, nq, bq, D).transpose(2, 3)  # (B, Hkv, nq, G, bq, D)
         self.kb = pad(k, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, D)      # (B, Hkv, nk, bk, D)
         self.vb = pad(v, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, -1)     # (B, Hkv, nk, bk, Dv)
@@ -126,14 +129,14 @@ class _Problem:
         dev = self.qb.device
         C, K = ch.idx.shape
         ix = ch.idx.to(dev)
-        qc = self.qb[bs][:, :, ch.qsel.to(dev)].reshape(-1, G * bq, D)   # (Bg*Hkv*C, G*bq, D)
-        kg = self.kb[bs][:, :, ix].reshape(-1, K * bk, D)           # (Bg*Hkv*C, K*bk, D)
-        vg = self.vb[bs][:, :, ix].reshape(-1, K * bk, Dv)
+        qc = self.qb[bs].index_select(2, ch.qsel.to(dev)).reshape(-1, G * bq, D)   # (Bg*Hkv*C, G*bq, D)
+        kg = self.kb[bs].index_select(2, ix.flatten()).reshape(-1, K * bk, D)      # (Bg*Hkv*C, K*bk, D)
+        vg = self.vb[bs].index_select(2, ix.flatten()).reshape(-1, K * bk, Dv)
         s = torch.bmm(qc, kg.transpose(1, 2))                       # (Bg*Hkv*C, G*bq, K*bk)
         s = s.to(accum_dtype(s.dtype)).view(-1, Hkv, C, G, bq, K, bk)
         b = self.bias_chunk(bs, ch, params)
         if b is not None:
-            s = s + _to7(b.to(s.dtype), Hkv, G)
+            s = s.add_(_to7(b.to(s.dtype), Hkv, G), alpha=LOG2E)    # base 2, like the scores
         allowed = chunk_allowed(ch, S, bk)
         if allowed is not None:
             # An additive 0 / -inf block the size of one head: cheaper than a broadcast masked_fill.
@@ -166,10 +169,10 @@ def _forward(pb: _Problem, want_weights: bool):
         s, _, _, vg = pb.logits(bs, ch)
         qsel = ch.qsel.to(s.device)
         m = s.amax((-2, -1), keepdim=True)
-        m = torch.where(m == float("-inf"), 0.0, m)                 # empty rows: exp(-inf - 0) = 0, no NaN
-        p = s.sub_(m).exp_()                                        # (Bg, Hkv, C, G, bq, K, bk) unnormalized
+        m = torch.where(m == float("-inf"), 0.0, m)                 # empty rows: exp2(-inf - 0) = 0, no NaN
+        p = s.sub_(m).exp2_()                                       # (Bg, Hkv, C, G, bq, K, bk) unnormalized
         l = p.sum((-2, -1), keepdim=True)
-        lse[bs, :, qsel] = (m + torch.log(l)).flatten(-3)
+        lse[bs, :, qsel] = (m + torch.log2(l)).flatten(-3)        # base 2
         inv_l = 1.0 / torch.where(l > 0, l, 1.0)                    # empty rows: l = 0 -> output 0
         if w7 is not None:
             qi, si = (ch.kinds != EMPTY).nonzero().unbind(1)
@@ -201,7 +204,7 @@ def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: b
         s, qc, kg, vg = pb.logits(bs, ch)
         C, K = ch.idx.shape
         qsel = ch.qsel.to(s.device)
-        p = s.sub_(lse[bs][:, :, qsel, :, :, None, None]).exp_()    # (Bg, Hkv, C, G, bq, K, bk)
+        p = s.sub_(lse[bs][:, :, qsel, :, :, None, None]).exp2_()   # (Bg, Hkv, C, G, bq, K, bk)
         do = dout[bs][:, :, qsel].reshape(-1, G * bq, Dv)
         keep = pb.keep(bs, ch) if pb.dropout_p > 0.0 else None
         pd = p * keep if keep is not None else p
@@ -227,9 +230,10 @@ def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: b
                     acc_g += g_
         dsf = _flat(ds).to(dt)
         dq[bs, :, qsel] = torch.bmm(dsf, kg).view(-1, Hkv, C, G, bq, D).to(acc)
-        dkg = torch.bmm(dsf.transpose(1, 2), qc)                     # (Bg*Hkv*C, K*bk, D), q already scaled
+        dkg = torch.bmm(dsf.transpose(1, 2), qc)                     # (Bg*Hkv*C, K*bk, D), q scaled by scale*log2(e)
         dk[bs].index_add_(2, ix, dkg.view(-1, Hkv, C * K, bk, D).to(acc))
-    return dq.mul_(pb.scale), dk, dv, dbias, dparams
+    # ds is the gradient of the natural logits; dk was taken against q scaled by scale * log2(e).
+    return dq.mul_(pb.scale), dk.mul_(LN2), dv, dbias, dparams
 
 
 def _reduce_to(x: Tensor, shape) -> Tensor:
