@@ -122,7 +122,7 @@ def test_recurrent_step_equals_parallel(H, Hkv):
     """The decoding state (with its running key max) reproduces the parallel causal form."""
     L, S = 12, 15
     q, k, v = inputs(2, H, Hkv, L, S)
-    k[:, :, 9] *= 6.0                                                     # a late large key: the running max must rescale
+    k[:, :, 9] *= 6.0                                     # a late large key: the running max must rescale
     feats = FavorFeatures(8, 24, seed=5)
     want = favor_attention(q, k, v, feats, causal=True, chunk_size=5)
     state = LinearAttentionState.zeros(2, Hkv, 8, 6, features=feats, dtype=q.dtype)

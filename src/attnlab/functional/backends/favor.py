@@ -120,7 +120,8 @@ class FavorFeatures(FeatureMap):
     def __call__(self, x: Tensor) -> Tensor:
         """log phi(x) = w·x - |x|^2 / 2 - log(m) / 2: (..., d) -> (..., m)."""
         w = self.matrix.to(device=x.device, dtype=x.dtype)
-        return x @ w.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(self.m)
+        half_norm = 0.5 * (x * x).sum(-1, keepdim=True) + 0.5 * math.log(self.m)   # (..., 1)
+        return (x @ w.T).sub_(half_norm)                  # in place: matmul's backward does not read its output
 
     def kernel_estimate(self, x: Tensor, y: Tensor) -> Tensor:
         """phi(x)·phi(y), unstabilized: an unbiased estimate of exp(x·y). x: (..., d), y: (..., d)."""

@@ -67,6 +67,10 @@ class FeatureMap:
     def __call__(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def features_(self, x: Tensor) -> Tensor:
+        """``self(x)``, allowed to overwrite x (a scratch tensor): saves an n x D allocation."""
+        return self(x)
+
 
 class EluFeatures(FeatureMap):
     """phi(x) = elu(x) + 1 > 0, elementwise, m = D (Katharopoulos et al. 2020)."""
@@ -78,6 +82,11 @@ class EluFeatures(FeatureMap):
         # in place is safe: elu's backward reads its input, not its output (one pass over n x D saved)
         return F.elu(x).add_(1.0)
 
+    def features_(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return self(x)
+        return F.elu_(x).add_(1.0)            # no graph to keep: reuse x (big tensors cost page faults)
+
     def __repr__(self):
         return "EluFeatures()"
 
@@ -85,7 +94,8 @@ class EluFeatures(FeatureMap):
 ELU = EluFeatures()
 
 
-def linear_unsupported(mask: Optional[Mask], bias, dropout_p: float, scale: float, name: str = "linear") -> Optional[str]:
+def linear_unsupported(mask: Optional[Mask], bias, dropout_p: float, scale: float,
+                       name: str = "linear") -> Optional[str]:
     """Why a linear-attention backend cannot compute this request (None if it can)."""
     if bias is not None:
         return (f"{name} attention never forms the (L, S) scores, so there is nothing to add a bias to; "
@@ -124,10 +134,10 @@ def query_features(fmap: FeatureMap, x: Tensor) -> Tensor:
 
     The row's constant multiplies its numerator and normalizer alike, so it cancels.
     """
-    f = fmap(x)
+    f = fmap.features_(x)
     if not fmap.log_space:
         return f
-    return torch.exp(f - f.detach().amax(dim=-1, keepdim=True))
+    return f.sub(f.detach().amax(dim=-1, keepdim=True)).exp_()
 
 
 def _key_features(fmap: FeatureMap, x: Tensor, keep: Optional[Tensor]) -> Tensor:
@@ -136,13 +146,13 @@ def _key_features(fmap: FeatureMap, x: Tensor, keep: Optional[Tensor]) -> Tensor
     The constant is ONE number per head for all keys (a per-key constant would reweight the keys
     and bias the result): the max of log phi over the kept keys and all features.
     """
-    f = fmap(x)
+    f = fmap.features_(x)
     if not fmap.log_space:
         return f if keep is None else f * keep
     lf = f.detach() if keep is None else f.detach().masked_fill(~keep, float("-inf"))
     c = lf.amax(dim=(-2, -1), keepdim=True)                       # (B, Hkv, 1, 1)
     c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))    # every key padded: nothing to stabilize
-    phi = torch.exp(f - c)
+    phi = f.sub(c).exp_()
     return phi if keep is None else phi * keep
 
 

@@ -98,7 +98,7 @@ def absorb(state: LinearAttentionState, k: Tensor, v: Tensor) -> LinearAttention
         raise ValueError(f"k has {k.shape[2]} tokens but v has {v.shape[2]}: one value per key")
     if k.shape[2] == 0:
         return state
-    f = state.features(k.to(state.S.dtype) * math.sqrt(state.scale))            # (B, Hkv, T, m): phi or log phi
+    f = state.features.features_(k.to(state.S.dtype) * math.sqrt(state.scale))   # (B, Hkv, T, m): phi or log phi
     v = v.to(state.S.dtype)
     if not state.features.log_space:
         return replace(state, S=state.S + f.transpose(-2, -1) @ v, z=state.z + f.sum(-2),
