@@ -146,3 +146,10 @@ def test_auto_picks_sparse_only_for_large_block_layouts():
     assert pick(big, masks.window(128, 128)).startswith("auto -> tiled")          # bands: tiled measured faster
     assert pick(small, masks.bigbird(64, 3)).startswith("auto -> tiled")          # below the measured crossover
     assert pick(big, masks.bigbird(64, 3), bias=torch.zeros(1, 1, 1, 8192)).startswith("auto -> tiled")
+
+
+def test_per_head_block_layout_with_gqa():
+    g = torch.Generator().manual_seed(4)
+    layout = torch.rand(4, 5, 4, generator=g) > 0.6                 # (H, ceil(19/4), ceil(13/4))
+    q, k, v = torch.randn(2, 4, 19, 8, generator=g), torch.randn(2, 2, 13, 8, generator=g), torch.randn(2, 2, 13, 8, generator=g)
+    _check(errors(SMALL, q, k, v, None, masks.block_sparse(layout, 4)), "per-head layout")
