@@ -67,6 +67,10 @@ def _complexity(args: argparse.Namespace):
     for key, val in given.items():
         if val is not None:
             setattr(cfg, key, val)
+    if args.n is not None:
+        cfg.long_n = []                   # sizes chosen explicitly: exactly those, for every series
+    if args.backend is not None:
+        cfg.series = args.backend         # a subset of the series (names of SERIES)
     report = run_complexity(cfg, args.argv)
     path = args.json or DEFAULT_COMPLEXITY_JSON
     return report, format_complexity(report), path, plot_complexity(report, path.removesuffix(".json"))

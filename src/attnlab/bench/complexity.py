@@ -137,8 +137,12 @@ def _run_series(name: str, cfg: ComplexityConfig) -> dict:
 
 
 def _fit(points: list[dict], key: str, min_n: int) -> Optional[dict]:
-    """{"alpha", "fit_n"}: y ~ n^alpha over the points with n >= min_n (least squares on log-log)."""
-    pts = [(p["n"], p[key]) for p in points if key in p and p["n"] >= min_n]
+    """{"alpha", "fit_n"}: y ~ n^alpha over the points with n >= min_n (least squares on log-log);
+    with fewer than two such points, over the largest three (None with fewer than two in all)."""
+    measured = [(p["n"], p[key]) for p in points if key in p]
+    pts = [(n, y) for n, y in measured if n >= min_n]
+    if len(pts) < 2:
+        pts = measured[-3:]
     if len(pts) < 2:
         return None
     _, alpha = fit_power_law([n for n, _ in pts], [y for _, y in pts])
@@ -271,7 +275,7 @@ def format_complexity(report: dict) -> str:
             lines.append(f"{desc}: {v['note']}")
             continue
         lines.append(f"{desc}: time ~ n^{fit['alpha']:.2f} over n={fit['fit_n']}" if fit else
-                     f"{desc}: too few points n >= {c['fit_min_n']} to fit")
+                     f"{desc}: fewer than 2 timed points, no fit")
         if mfit:
             lines[-1] += f"; memory ~ n^{mfit['alpha']:.2f}"
         lines += [f"    n={p['n']}: {p['note']}" for p in v["points"] if "note" in p]
