@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..models.gpt import GPT, GPTConfig
 from .lm_nanogpt import NanoGPT, copy_from_attnlab
-from .lm_overheads import decode_mask_prototype, decode_step_fns, overheads
+from .lm_overheads import cpu_timed, decode_mask_prototype, decode_step_fns, fuse_qkv_prototype, overheads
 from .lm_report import NANOGPT, format_lm
 from .machine import LoadMonitor, machine_info
 from .timing import time_interleaved
@@ -103,6 +103,7 @@ def _training_models(cfg: LMBenchConfig, gpt: GPT) -> dict[str, torch.nn.Module]
     for b in cfg.backends:
         models[f"attnlab GPT ({b})"] = copy.deepcopy(gpt).with_backend(b)
     if cfg.diagnose:
+        models["attnlab GPT (auto), fused q/k/v prototype"] = fuse_qkv_prototype(gpt)
         models["nanoGPT, separate q/k/v"] = copy_from_attnlab(NanoGPT.like(gpt.cfg, qkv="separate"), gpt)
         models["nanoGPT, attnlab.attention()"] = copy_from_attnlab(NanoGPT.like(gpt.cfg, attend="attnlab"), gpt)
     return models
@@ -120,15 +121,18 @@ def _check_same_model(models: dict[str, torch.nn.Module], x: torch.Tensor) -> di
     return {"params": counts[NANOGPT], "max_abs_logit_diff_vs_nanogpt": diffs}
 
 
-def _ratio_rows(names: list[str], times: list[list[float]], base: int, tokens: int) -> list[dict]:
+def _ratio_rows(names: list[str], times: list[list[float]], cpu: list[list[float]], base: int,
+                tokens: int) -> list[dict]:
     rows = []
-    for name, ts in zip(names, times):
+    for name, ts, cs in zip(names, times, cpu):
         med = statistics.median(ts)
         paired = sorted(times[base][i] / t for i, t in enumerate(ts))   # > 1: faster than nanoGPT
         rows.append({"name": name, "median_s": med, "times_s": ts, "tokens_per_s": tokens / med,
                      "speed_vs_nanogpt": statistics.median(times[base]) / med,
                      "paired_speed_vs_nanogpt": statistics.median(paired),
-                     "paired_iqr": [paired[len(paired) // 4], paired[(3 * len(paired)) // 4]]})
+                     "paired_iqr": [paired[len(paired) // 4], paired[(3 * len(paired)) // 4]],
+                     "cpu_median_s": statistics.median(cs), "cpu_times_s": cs,
+                     "cpu_speed_vs_nanogpt": statistics.median(cpu[base]) / statistics.median(cs)})
     return rows
 
 
@@ -145,8 +149,9 @@ def run_training(cfg: LMBenchConfig, gpt: GPT) -> dict:
         step()
         step()                                                         # the first step creates AdamW's state
     names = list(steps)
-    times = time_interleaved([s for s, _ in steps.values()], repeats=cfg.repeats)
-    rows = _ratio_rows(names, times, names.index(NANOGPT), cfg.batch * cfg.seq_len)
+    cpu: list[list[float]] = [[] for _ in names]
+    times = time_interleaved([cpu_timed(s, c) for (s, _), c in zip(steps.values(), cpu)], repeats=cfg.repeats)
+    rows = _ratio_rows(names, times, cpu, names.index(NANOGPT), cfg.batch * cfg.seq_len)
     for row in rows:                                                   # same weights, data, optimizer:
         row["last_loss"] = steps[row["name"]][1][0].item()             # the losses should agree closely
     return {**check, "rows": rows}
@@ -163,11 +168,18 @@ def _greedy_nanogpt(model: NanoGPT, idx: torch.Tensor, n: int) -> list[torch.Ten
     return out
 
 
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(bool((x == y).all()) for x, y in zip(a, b))
+
+
 def run_generation(cfg: LMBenchConfig, gpt: GPT, ref: NanoGPT) -> list[dict]:
     """Greedy generation to each length in gen_to: KV cache vs recomputation, and one-step latencies."""
     gpt.eval()
     g = torch.Generator().manual_seed(cfg.seed + 1)
     prompt = torch.randint(0, cfg.vocab_size, (1, cfg.prompt), generator=g)          # (1, prompt)
+    for use_cache in (True, False):                                    # warm-up, once: the timed runs are long
+        list(gpt.generate_tokens(prompt, 4, temperature=0, use_cache=use_cache))
+    _greedy_nanogpt(ref, prompt, 4)
     rows = []
     for total in cfg.gen_to:
         n = total - cfg.prompt
@@ -179,16 +191,16 @@ def run_generation(cfg: LMBenchConfig, gpt: GPT, ref: NanoGPT) -> list[dict]:
                "recompute": run("recompute", lambda: list(gpt.generate_tokens(prompt, n, temperature=0,
                                                                                use_cache=False))),
                "nanoGPT recompute": run("nanoGPT recompute", lambda: _greedy_nanogpt(ref, prompt, n))}
-        for fn in fns.values():
-            fn()
         log.info("  generation to %d tokens", total)
         times = dict(zip(fns, time_interleaved(list(fns.values()), repeats=cfg.gen_repeats)))
         med = {k: statistics.median(v) for k, v in times.items()}
         ctx = torch.cat([prompt, torch.stack(got["kv-cache"], 1)], 1)                # (1, total)
         cached, full = decode_step_fns(gpt, ctx)
         cached(), full()
-        st = time_interleaved([cached, full], repeats=cfg.step_repeats)
-        step = {"cached_ms": 1e3 * statistics.median(st[0]), "full_ms": 1e3 * statistics.median(st[1])}
+        cpu = [[], []]
+        st = time_interleaved([cpu_timed(cached, cpu[0]), cpu_timed(full, cpu[1])], repeats=cfg.step_repeats)
+        step = {"cached_ms": 1e3 * statistics.median(st[0]), "full_ms": 1e3 * statistics.median(st[1]),
+                "cached_cpu_ms": 1e3 * statistics.median(cpu[0]), "full_cpu_ms": 1e3 * statistics.median(cpu[1])}
         step["speedup"] = step["full_ms"] / step["cached_ms"]
         if cfg.diagnose:
             step.update(decode_mask_prototype(gpt, ctx, cfg.step_repeats))
@@ -198,8 +210,8 @@ def run_generation(cfg: LMBenchConfig, gpt: GPT, ref: NanoGPT) -> list[dict]:
             "tokens_per_s": {k: n / v for k, v in med.items()},
             "ms_per_token": {k: 1e3 * v / n for k, v in med.items()},
             "speedup_cache_vs_recompute": med["recompute"] / med["kv-cache"],
-            "same_tokens_cache_vs_recompute": all(bool((a == b).all()) for a, b in zip(got["kv-cache"],
-                                                                                         got["recompute"])),
+            "same_tokens_cache_vs_recompute": _same(got["kv-cache"], got["recompute"]),
+            "same_tokens_cache_vs_nanogpt": _same(got["kv-cache"], got["nanoGPT recompute"]),
             "step_at_context": step})
     return rows
 

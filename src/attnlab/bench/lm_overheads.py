@@ -8,6 +8,8 @@ in microseconds per call, so a gap in the model-level numbers can be traced to a
     head split            einops.rearrange vs view + transpose
     q/k/v projections     three Linears (attnlab) vs one fused Linear (nanoGPT), forward + backward
 
+``fuse_qkv_prototype`` gives a GPT's attention layers nanoGPT's single (C, 3C) q/k/v matmul behind
+the same module code, to size what fusing the projections would change in a training step.
 ``decode_mask_prototype`` runs a whole cached decoding step of the GPT with causal masking
 switched off in every layer -- exact for a single query, whose bottom-right causal row allows all
 keys -- to size what dropping the mask at L = 1 would save end to end.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -31,7 +34,21 @@ from torch import nn
 from ..functional import attention
 from .timing import time_interleaved
 
-__all__ = ["overheads", "decode_step_fns", "decode_mask_prototype"]
+__all__ = ["cpu_timed", "overheads", "decode_step_fns", "decode_mask_prototype", "fuse_qkv_prototype"]
+
+
+def cpu_timed(fn: Callable, sink: list[float]) -> Callable:
+    """``fn`` that also appends the process CPU seconds of each call to ``sink``.
+
+    On a shared machine wall time includes the time other processes held the CPU; CPU time does
+    not (with one thread it is the work done; with more it also counts OpenMP spin-waiting).
+    """
+    def run():
+        t0 = time.process_time()
+        out = fn()
+        sink.append(time.process_time() - t0)
+        return out
+    return run
 
 
 def decode_step_fns(gpt, ctx: torch.Tensor) -> tuple[Callable, Callable]:
@@ -61,9 +78,11 @@ def decode_mask_prototype(gpt, ctx: torch.Tensor, repeats: int) -> dict:
     for b in unmasked.blocks:                                          # then only the one-token step: not
         b.self_attn.cfg = replace(b.self_attn.cfg, causal=False)
     diff = (with_mask() - no_mask()).abs().max().item()
-    t = time_interleaved([with_mask, no_mask], repeats=repeats)
+    cpu: list[list[float]] = [[], []]
+    t = time_interleaved([cpu_timed(with_mask, cpu[0]), cpu_timed(no_mask, cpu[1])], repeats=repeats)
     return {"cached_masked_ms": 1e3 * statistics.median(t[0]), "cached_no_mask_ms": 1e3 * statistics.median(t[1]),
-            "no_mask_max_abs_diff": diff}
+            "cached_masked_cpu_ms": 1e3 * statistics.median(cpu[0]),
+            "cached_no_mask_cpu_ms": 1e3 * statistics.median(cpu[1]), "no_mask_max_abs_diff": diff}
 
 
 def _per_call(fns: dict[str, Callable], calls: int, repeats: int) -> dict[str, float]:
@@ -133,3 +152,47 @@ def _projections(C: int, batch: int, seq_len: int, n_layer: int, calls: int, rep
             "calls_per_step": n_layer,
             "us_per_call": _per_call({"three Linear(C, C) [attnlab]": three, "one Linear(C, 3C) [nanoGPT]": one},
                                      calls, repeats)}
+
+
+class _FusedQKV(nn.Module):
+    """Prototype: q, k and v from one (C, 3C) matmul, behind MultiHeadAttention's three projection slots.
+
+    ``q_proj(x)`` runs the fused Linear and keeps the result; ``k_proj(x)`` / ``v_proj(x)`` on the
+    same x return their slices (and ``v_proj`` forgets it). Self-attention only; for measurement.
+    """
+
+    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear):
+        super().__init__()
+        self.fused = nn.Linear(q.in_features, q.out_features + k.out_features + v.out_features)
+        with torch.no_grad():
+            self.fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+            self.fused.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
+        self.sizes = [q.out_features, k.out_features, v.out_features]
+        self.memo: tuple = (None, None)
+
+    def part(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if self.memo[0] is not x:
+            self.memo = (x, self.fused(x).split(self.sizes, dim=-1))   # each (B, L, width)
+        out = self.memo[1][i]
+        if i == 2:
+            self.memo = (None, None)                                   # do not keep the graph alive
+        return out
+
+
+class _Slot(nn.Module):
+    def __init__(self, qkv: _FusedQKV, i: int):
+        super().__init__()
+        self.qkv, self.i = [qkv], i                                    # a list: not a second owner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv[0].part(self.i, x)
+
+
+def fuse_qkv_prototype(gpt):
+    """A copy of ``gpt`` whose self-attention layers project q, k, v with one fused Linear (same weights)."""
+    gpt = copy.deepcopy(gpt)
+    for b in gpt.blocks:
+        a = b.self_attn
+        a.qkv = _FusedQKV(a.q_proj, a.k_proj, a.v_proj)
+        a.q_proj, a.k_proj, a.v_proj = (_Slot(a.qkv, i) for i in range(3))
+    return gpt
