@@ -16,6 +16,7 @@ from attnlab.models import GPTConfig
 from attnlab.train import (CheckpointError, Trainer, TrainConfig, decay_groups, list_checkpoints, load_checkpoint,
                            load_gpt, lr_at)
 from attnlab.train import checkpoint as ckpt_mod
+from attnlab.train import trainer as trainer_mod
 
 TEXT = "".join(f"line {i}: the cat sat on mat number {i * 7 % 13}.\n" for i in range(120))
 
@@ -170,14 +171,29 @@ def test_loading_never_unpickles(data, tmp_path, monkeypatch):
     load_gpt(tmp_path)
 
 
-def test_time_budget_sizes_the_schedule_and_stops(data, tmp_path):
+class FakeClock:
+    """time.perf_counter for the trainer: every reading is one second later (timing made deterministic)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_time_budget_sizes_the_schedule_and_stops(data, tmp_path, monkeypatch):
     tr = tiny_trainer(data, tmp_path, steps=None, time_limit_min=10.0, calibrate_steps=2, eval_interval=50)
     tr._size_to_budget(s_per_step=0.5, elapsed=30.0)
     steps = tr.cfg.steps
     assert 0.9 * 600 < 30 + steps * 0.5 + tr.extra["calibration"]["eval_s"] * (steps / 50 + 1) <= 600
-    quick = tiny_trainer(data, tmp_path / "q", steps=None, time_limit_min=6 / 60 + 0.02, calibrate_steps=2)
-    quick.train(plot=False)                                                 # ~1 s of budget beyond the 5 s reserve
-    assert quick.cfg.steps is not None and quick.step <= quick.cfg.steps
+    clock = FakeClock()
+    monkeypatch.setattr(trainer_mod, "time", clock)
+    quick = tiny_trainer(data, tmp_path / "q", steps=None, time_limit_min=1.0, calibrate_steps=3, eval_interval=4)
+    quick.train(plot=False)
+    assert quick.extra["calibration"]["steps"] == quick.cfg.steps == quick.step > 3    # sized, then run to the end
+    assert quick.extra["calibration"]["at_step"] > 3                                   # re-sized at an evaluation
+    assert clock.now <= 60
     assert load_checkpoint(tmp_path / "q").step == quick.step
 
 

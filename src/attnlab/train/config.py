@@ -21,8 +21,8 @@ BF16_CHOICES = ("auto", "on", "off")
 TRAIN_PRESETS: dict[str, dict] = {
     "nano": dict(steps=500, batch_size=16, lr=2e-3, min_lr=2e-4, warmup_steps=50, eval_interval=100,
                  checkpoint_interval=250),
-    "micro": dict(steps=None, time_limit_min=13.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=100,
-                  eval_interval=200, eval_iters=20, checkpoint_interval=500),
+    "micro": dict(steps=None, time_limit_min=14.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=100,
+                  eval_interval=250, eval_iters=20, checkpoint_interval=500),
     "mini": dict(steps=5000, batch_size=32, lr=1e-3, min_lr=1e-4, warmup_steps=200, eval_interval=500,
                  checkpoint_interval=1000),
 }
@@ -50,7 +50,8 @@ class TrainConfig:
     checkpoint_interval: int = 500         # steps between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2              # most recent checkpoints kept on disk (>= 2: a fallback survives)
     time_limit_min: Optional[float] = None  # stop (and checkpoint) after this many minutes
-    calibrate_steps: int = 20              # steps timed to size a time-budgeted schedule
+    calibrate_steps: int = 20              # steps timed to size a time-budgeted schedule (fewer if they
+                                           # would take over 5% of the budget)
 
     def __post_init__(self):
         if self.steps is None and self.time_limit_min is None:

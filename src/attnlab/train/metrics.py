@@ -57,10 +57,10 @@ def plot_loss_curve(records: list[dict], path: Union[str, Path], title: str = ""
     if train:
         steps, losses = zip(*train)
         ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
-        smooth, ema = [], losses[0]
-        for x in losses:
+        smooth, ema = [], 0.0
+        for t, x in enumerate(losses, 1):
             ema = 0.95 * ema + 0.05 * x
-            smooth.append(ema)
+            smooth.append(ema / (1 - 0.95 ** t))              # bias-corrected: no lag from a zero start
         ax.plot(steps, smooth, color="tab:blue", lw=1.5, label="train (EMA 0.95)")
     if val:
         steps, losses = zip(*val)

@@ -42,9 +42,9 @@ __all__ = ["Trainer", "BF16_AUTO", "use_bf16"]
 
 log = logging.getLogger(__name__)
 
-# bf16="auto" resolves to this on CPU. Measured on the micro preset (batch 32 x 256 tokens, fwd + bwd +
-# AdamW, torch 2.13, 2-core Zen 4 shared with other jobs): fp32 ~1550 tok/s, bf16 autocast ~1690 tok/s
-# (best of 4) -- within this machine's noise, so "auto" keeps fp32 (exact, and no loss-scale questions).
+# bf16="auto" resolves to this on CPU. Measured on the micro preset (fwd + bwd + AdamW step, torch 2.13,
+# 2-core Zen 4 shared with other jobs, best of 3-4): batch 16 x 256: fp32 4085 tok/s, bf16 autocast 4111
+# tok/s; batch 32 x 256 under heavier load: 1549 vs 1692 tok/s. No reliable gain, so "auto" stays fp32.
 BF16_AUTO = False
 
 
@@ -78,15 +78,20 @@ class Trainer:
         self.extra: dict = {"data": data.info}
         if checkpoint is not None:
             self._restore(checkpoint)
+        # time-budgeted: no step count given, or one sized from the budget before this resume
+        self.budgeted = cfg.time_limit_min is not None and (cfg.steps is None or "calibration" in self.extra)
         self.saved_step = self.evaluated_step = self.step if checkpoint is not None else None
         self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step=self.step if checkpoint else None)
         self.last_val: Optional[float] = None
-        self.eval_seconds: Optional[float] = None
+        self.eval_seconds: Optional[float] = None        # the last evaluation's duration
+        self.eval_total = 0.0                             # all evaluations' (time budgeting leaves them out)
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, data: LMData, *, progress: bool = True, **overrides) -> "Trainer":
         """Continue the run saved in ckpt; overrides change TrainConfig fields (e.g. steps, time_limit_min)."""
         cfg = TrainConfig.from_dict({**ckpt.train_config, **overrides})
+        if overrides.get("steps") is not None:                 # an explicit length ends time budgeting
+            ckpt.extra.pop("calibration", None)
         return cls(GPTConfig(**ckpt.model_config), cfg, data, progress=progress, checkpoint=ckpt)
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -133,6 +138,7 @@ class Trainer:
             with self._autocast():
                 losses.append(self.model.loss(x, y).item())
         self.eval_seconds = time.perf_counter() - t0
+        self.eval_total += self.eval_seconds
         return sum(losses) / len(losses)
 
     def _evaluate_and_log(self) -> float:
@@ -152,14 +158,19 @@ class Trainer:
         return path
 
     def _size_to_budget(self, s_per_step: float, elapsed: float) -> None:
-        """Fix cfg.steps so that the run, its evaluations and the final save fit in time_limit_min."""
+        """Set cfg.steps so that the run, its evaluations and the final save fit in time_limit_min.
+
+        Called after calibrate_steps steps and again at every evaluation (the machine's speed may
+        change), so the cosine reaches min_lr when the time is up. Not bit-reproducible on resume:
+        give --steps for that.
+        """
         cfg = self.cfg
         t_eval = self.eval_seconds or cfg.eval_iters * s_per_step / (3 * cfg.grad_accum)  # forward ~ 1/3 of a step
         left = 0.98 * cfg.time_limit_min * 60 - elapsed - t_eval - 5.0                   # 5 s: save + plot
         steps = self.step + max(1, math.floor(left / (s_per_step + t_eval / cfg.eval_interval)))
         self.cfg = cfg.but(steps=steps)
-        self.extra["calibration"] = {"s_per_step": s_per_step, "eval_s": t_eval, "steps": steps}
-        log.info("time budget %.1f min at %.3f s/step: the schedule runs %d steps", cfg.time_limit_min, s_per_step, steps)
+        self.extra["calibration"] = {"s_per_step": s_per_step, "eval_s": t_eval, "steps": steps, "at_step": self.step}
+        log.info("time budget %.1f min at %.3f s/step: the schedule runs to step %d", cfg.time_limit_min, s_per_step, steps)
 
     # ---------------------------------------------------------------- the loop
     def train(self, max_steps: Optional[int] = None, *, plot: bool = True) -> list[float]:
@@ -180,7 +191,9 @@ class Trainer:
         tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model_config.block_size
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         losses: list[float] = []
-        calib_from, step_s, ema_loss = None, None, None
+        win = None                                                 # (step, time, eval time) when timing began
+        loop_s = None
+        step_s, ema_loss = None, None
         try:
             if self.step == 0 and self.evaluated_step is None:
                 self._evaluate_and_log()
@@ -192,7 +205,7 @@ class Trainer:
                     stop["why"] = f"max_steps={max_steps}"
                 elif self.cfg.time_limit_min is not None and step_s is not None:
                     budget = self.cfg.time_limit_min * 60 - (self.eval_seconds or 0.0) - 5.0
-                    if time.perf_counter() - t0 + step_s > budget:
+                    if time.perf_counter() - t0 + (loop_s or step_s) > budget:
                         stop["why"] = f"time limit ({self.cfg.time_limit_min} min)"
                 if stop["why"]:
                     log.info("stopping at step %d: %s", self.step, stop["why"])
@@ -206,11 +219,16 @@ class Trainer:
                 ema_loss = loss if ema_loss is None else 0.95 * ema_loss + 0.05 * loss
                 self.metrics.write({"step": self.step, "loss": loss, "lr": self._lr, "tokens_per_s": tokens_per_step / dt,
                                     "elapsed_s": time.perf_counter() - t0})
-                if self.cfg.steps is None:                                     # time-budgeted: size the schedule
-                    calib_from = calib_from or (self.step, time.perf_counter())  # the first step warms up
-                    if self.step - calib_from[0] >= cfg.calibrate_steps:
-                        s_per_step = (time.perf_counter() - calib_from[1]) / (self.step - calib_from[0])
-                        self._size_to_budget(s_per_step, time.perf_counter() - t0)
+                if self.budgeted:                # size the schedule to the time left, again at every evaluation
+                    now = time.perf_counter()
+                    if win is None:                                            # this call's first step warms up
+                        win = (self.step, now, self.eval_total)
+                    n, spent = self.step - win[0], now - win[1] - (self.eval_total - win[2])  # evaluations excluded
+                    enough = n >= cfg.calibrate_steps or (n >= 2 and spent > 3 * cfg.time_limit_min)  # or 5% of budget
+                    if enough and (self.cfg.steps is None or self.step % cfg.eval_interval == 0):
+                        loop_s = spent / n                                     # a whole loop turn, bookkeeping included
+                        self._size_to_budget(loop_s, now - t0)
+                        win = (self.step, now, self.eval_total)
                         bar.total = self.cfg.steps
                 if self.step % cfg.eval_interval == 0 or self.step == self.cfg.steps:
                     self._evaluate_and_log()
