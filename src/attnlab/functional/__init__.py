@@ -13,8 +13,15 @@ Softmax accumulates in float32 (float64 for float64 inputs); outputs come back i
 """
 from . import masks
 from .api import attention, choose_backend, explain
+from .backends.favor import FavorFeatures, favor_attention
+from .backends.linear import EluFeatures, linear_attention
+from .backends.linear_recurrent import LinearAttentionState, absorb, step
+from .backends.sparse import SparseStats, sparse_attention
 from .bias import FunctionBias, StructuredBias
 from .registry import available_backends, get_backend, register_backend
 
 __all__ = ["attention", "explain", "available_backends", "get_backend", "register_backend",
-           "choose_backend", "masks", "StructuredBias", "FunctionBias"]
+           "choose_backend", "masks", "StructuredBias", "FunctionBias",
+           # approximate (linear) attention and its recurrent form; the sparse kernel with its counter
+           "linear_attention", "favor_attention", "FavorFeatures", "EluFeatures",
+           "LinearAttentionState", "absorb", "step", "sparse_attention", "SparseStats"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["keep_mask", "new_seed"]
+__all__ = ["keep_mask", "keep_at", "new_seed"]
 
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B          # < 2**27, so (x < 2**32) * _MUL never overflows int64
@@ -42,7 +42,17 @@ def keep_mask(seed: int, p: float, B: int, H: int, r0: int, r1: int, c0: int, c1
     bh = torch.arange(B * H, device=device, dtype=torch.int64).view(B, H, 1, 1)
     i = torch.arange(r0, r1, device=device, dtype=torch.int64).view(1, 1, -1, 1)
     j = torch.arange(c0, c1, device=device, dtype=torch.int64).view(1, 1, 1, -1)
-    x = _mix((bh + (seed & _M32) * 0x9E37) & _M32)             # (B, H, 1, 1)
-    x = _mix((x ^ (i * 0x85EB)) & _M32)                        # (B, H, lr, 1)
-    x = _mix((x ^ (j * 0xC2B2AE3)) & _M32)                     # (B, H, lr, lc)
+    return keep_at(seed, p, bh, i, j)                            # (B, H, lr, lc)
+
+
+def keep_at(seed: int, p: float, bh: Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """The keep mask at arbitrary coordinates: int64 index tensors that broadcast together.
+
+    ``bh`` = b * H + h, ``i`` the query row, ``j`` the key column; the result has their
+    broadcast shape. ``keep_mask`` is this on a rectangle; a backend that gathers scattered
+    key blocks (sparse) passes its gathered positions and gets the same draws.
+    """
+    x = _mix((bh + (seed & _M32) * 0x9E37) & _M32)
+    x = _mix((x ^ (i * 0x85EB)) & _M32)
+    x = _mix((x ^ (j * 0xC2B2AE3)) & _M32)
     return x >= int(p * 2**32)

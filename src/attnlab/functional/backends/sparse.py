@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..bias import StructuredBias
-from ..dropout import _M32, _mix
+from ..dropout import keep_at
 from ..masks import EMPTY, Mask
 from ..patterns import BlockLayoutMask
 from ..registry import register_backend
@@ -62,10 +62,8 @@ def _batch(t: Tensor, bs: slice) -> Tensor:
 def _keep(seed: int, p: float, B: int, H: int, bs: slice, rows: Tensor, cols: Tensor) -> Tensor:
     """Dropout keep mask (Bg, H, C, bq, K, bk) at gathered positions; the same hash as ``dropout.keep_mask``."""
     bh = torch.arange(B * H, dtype=torch.int64, device=rows.device).view(B, H)[bs]
-    x = _mix((bh.view(*bh.shape, 1, 1, 1, 1) + (seed & _M32) * 0x9E37) & _M32)
-    x = _mix((x ^ (rows[:, :, None, None] * 0x85EB)) & _M32)      # rows (C, bq)
-    x = _mix((x ^ (cols[:, None] * 0xC2B2AE3)) & _M32)            # cols (C, K, bk)
-    return x >= int(p * 2**32)
+    # rows (C, bq) and cols (C, K, bk) placed on the (Bg, H, C, bq, K, bk) axes
+    return keep_at(seed, p, bh.view(*bh.shape, 1, 1, 1, 1), rows[:, :, None, None], cols[:, None])
 
 
 class _Problem:
