@@ -57,7 +57,7 @@ def test_generate_streams_tokens_and_is_seeded(run_dir, monkeypatch):
     assert rc == 0
     text = "".join(rec.writes)
     assert text.startswith("def f") and len(text) == len("def f") + 30 + 1        # char-level: 30 characters, "\n"
-    assert sum(1 for w in rec.writes if w) >= 30                                  # one write per token, not one at the end
+    assert sum(1 for w in rec.writes if w) >= 30                     # one write per token, not one at the end
     rc, again = generate(monkeypatch, str(run_dir), "--prompt", "def f", "--max-new-tokens", "30", "--seed", "1")
     assert "".join(again.writes) == text
 

@@ -137,6 +137,12 @@ def test_damaged_checkpoint_is_a_clear_error_and_the_previous_one_loads(two_chec
     assert load_checkpoint(prev).step == 2
 
 
+def test_resuming_an_older_checkpoint_refuses_to_mix_histories(two_checkpoints, data):
+    prev = list_checkpoints(two_checkpoints)[0]
+    with pytest.raises(ValueError, match="newer than step 2 \\(step-000004\\).*move them away"):
+        Trainer.from_checkpoint(load_checkpoint(prev), data, progress=False)
+
+
 def test_interrupted_write_leaves_the_last_good_checkpoint(data, tmp_path, monkeypatch):
     tr = tiny_trainer(data, tmp_path)
     tr.train(max_steps=2, plot=False)

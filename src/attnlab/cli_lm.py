@@ -46,7 +46,8 @@ def _run_train(args: argparse.Namespace) -> int:
             if args.data is not None and args.data != info.get("name"):
                 return _fail(f"the run in {args.out} was trained on {info.get('name')!r}, not {args.data!r}")
             data = prepare_lm_data(info["name"], tokenizer_from_json(ckpt.tokenizer_json),
-                                   val_fraction=ckpt.train_config["val_fraction"], expect_sha256=info.get("text_sha256"))
+                                   val_fraction=ckpt.train_config["val_fraction"],
+                                   expect_sha256=info.get("text_sha256"))
             overrides = _overrides(args)
             if args.steps is not None and args.time_limit is None:
                 overrides["time_limit_min"] = None          # an explicit step count replaces a time budget
@@ -60,7 +61,8 @@ def _run_train(args: argparse.Namespace) -> int:
                 overrides["time_limit_min"] = None
             cfg = TrainConfig.for_preset(args.preset, out_dir=out, **overrides)
             data = prepare_lm_data(data_name, args.tokenizer, vocab_size=args.vocab_size, val_fraction=cfg.val_fraction)
-            model_over = {k: v for k, v in {"block_size": args.block_size, "dropout": args.dropout}.items() if v is not None}
+            model_over = {k: v for k, v in {"block_size": args.block_size, "dropout": args.dropout}.items()
+                          if v is not None}
             mcfg = GPTConfig.preset(args.preset, vocab_size=data.tokenizer.vocab_size, **model_over)
             trainer = Trainer(mcfg, cfg, data, progress=not args.no_progress)
             print(f"training GPT {args.preset} ({trainer.model.num_params() / 1e6:.2f}M parameters) on "
@@ -177,8 +179,8 @@ def add_generate(sub) -> None:
     g.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     g.add_argument("--top-p", type=float, help="nucleus sampling: the smallest set with probability >= p")
     g.add_argument("--seed", type=int, help="same seed, same text (default: random)")
-    g.add_argument("--stop", nargs="+", metavar="STR", type=_unescape, help="end when the generated text contains STR (not printed); "
-                                                            "escapes like \\n are understood")
+    g.add_argument("--stop", nargs="+", metavar="STR", type=_unescape,
+                   help="end when the generated text contains STR (not printed); escapes like \\n are understood")
     g.add_argument("--no-echo", action="store_true", help="print only the generated text, not the prompt")
     g.add_argument("--no-cache", action="store_true", help="recompute the whole context each token (slower)")
     g.set_defaults(run=_run_generate)

@@ -13,4 +13,5 @@ from .corpora import BUILTIN_CORPORA, Corpus, load_corpus, read_text_file
 from .tokenization import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_json, train_tokenizer
 
 __all__ = ["BUILTIN_CORPORA", "Corpus", "load_corpus", "read_text_file", "Tokenizer", "CharTokenizer",
-           "BPETokenizer", "tokenizer_from_json", "train_tokenizer", "split_tokens", "BatchSampler", "LMData", "prepare_lm_data"]
+           "BPETokenizer", "tokenizer_from_json", "train_tokenizer", "split_tokens", "BatchSampler", "LMData",
+           "prepare_lm_data"]

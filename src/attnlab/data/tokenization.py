@@ -66,7 +66,8 @@ class CharTokenizer:
             return [index[c] for c in text]
         except KeyError:
             unknown = sorted({c for c in text if c not in index})
-            shown = ", ".join(repr(c) for c in unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+            shown = ", ".join(repr(c) for c in unknown[:10])
+            shown += f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             raise ValueError(f"the character tokenizer does not know {shown} (its {self.vocab_size} characters come "
                              "from the training text); remove them from the prompt, or train with --tokenizer bpe, "
                              "which encodes any text") from None
@@ -95,7 +96,8 @@ class BPETokenizer:
         from tokenizers import decoders, models, pre_tokenizers, trainers
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         if vocab_size < len(alphabet):
-            raise ValueError(f"a byte-level BPE needs vocab_size >= {len(alphabet)} (the byte alphabet), got {vocab_size}")
+            raise ValueError(f"a byte-level BPE needs vocab_size >= {len(alphabet)} (the byte alphabet), "
+                             f"got {vocab_size}")
         if not text:
             raise ValueError("cannot train a BPE tokenizer on empty text")
         tok = HFTokenizer(models.BPE())
@@ -139,7 +141,8 @@ def tokenizer_from_json(s: str) -> Tokenizer:
         obj = json.loads(s)
         kind = obj["kind"]
     except (json.JSONDecodeError, TypeError, KeyError) as e:
-        raise ValueError(f"not a saved attnlab tokenizer ({e}); expected JSON with a 'kind' of {list(TOKENIZER_KINDS)}") from None
+        raise ValueError(f"not a saved attnlab tokenizer ({e}); expected JSON with a 'kind' of "
+                         f"{list(TOKENIZER_KINDS)}") from None
     if kind == "char":
         return CharTokenizer(obj["chars"])
     if kind == "bpe":

@@ -61,6 +61,11 @@ class Trainer:
         if checkpoint is None and list_checkpoints(self.out):
             raise ValueError(f"{self.out} already holds checkpoints ({list_checkpoints(self.out)[-1].name}); "
                              "resume it (--resume) or choose another output directory (--out)")
+        here = f"step-{checkpoint.step:06d}" if checkpoint is not None else None
+        newer = [c.name for c in list_checkpoints(self.out) if here is not None and c.name > here]
+        if newer:
+            raise ValueError(f"{self.out} holds checkpoints newer than step {checkpoint.step} ({', '.join(newer)}); "
+                             "resuming would mix two histories: move them away (or resume from the latest)")
         if data.tokenizer.vocab_size != model_config.vocab_size:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
         if len(data.val_ids) < model_config.block_size + 1:
@@ -72,7 +77,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, cfg)
         T = model_config.block_size
         self.sampler = BatchSampler(data.train_ids, T, cfg.batch_size, seed=cfg.seed)
-        self.eval_batches = BatchSampler(data.val_ids, T, cfg.batch_size, seed=cfg.seed + 1).fixed_batches(cfg.eval_iters)
+        val_sampler = BatchSampler(data.val_ids, T, cfg.batch_size, seed=cfg.seed + 1)
+        self.eval_batches = val_sampler.fixed_batches(cfg.eval_iters)     # the same batches at every evaluation
         self.bf16 = use_bf16(cfg.bf16)
         self.step = 0
         self.extra: dict = {"data": data.info}
@@ -170,7 +176,8 @@ class Trainer:
         steps = self.step + max(1, math.floor(left / (s_per_step + t_eval / cfg.eval_interval)))
         self.cfg = cfg.but(steps=steps)
         self.extra["calibration"] = {"s_per_step": s_per_step, "eval_s": t_eval, "steps": steps, "at_step": self.step}
-        log.info("time budget %.1f min at %.3f s/step: the schedule runs to step %d", cfg.time_limit_min, s_per_step, steps)
+        log.info("time budget %.1f min at %.3f s/step: the schedule runs to step %d",
+                 cfg.time_limit_min, s_per_step, steps)
 
     # ---------------------------------------------------------------- the loop
     def train(self, max_steps: Optional[int] = None, *, plot: bool = True) -> list[float]:
@@ -217,7 +224,8 @@ class Trainer:
                 losses.append(loss)
                 step_s = dt if step_s is None else 0.9 * step_s + 0.1 * dt
                 ema_loss = loss if ema_loss is None else 0.95 * ema_loss + 0.05 * loss
-                self.metrics.write({"step": self.step, "loss": loss, "lr": self._lr, "tokens_per_s": tokens_per_step / dt,
+                self.metrics.write({"step": self.step, "loss": loss, "lr": self._lr,
+                                    "tokens_per_s": tokens_per_step / dt,
                                     "elapsed_s": time.perf_counter() - t0})
                 if self.budgeted:                # size the schedule to the time left, again at every evaluation
                     now = time.perf_counter()
@@ -235,7 +243,8 @@ class Trainer:
                 if self.step % cfg.checkpoint_interval == 0:
                     self.save()
                 bar.update(1)
-                bar.set_postfix(loss=f"{ema_loss:.3f}", val=f"{self.last_val:.3f}" if self.last_val is not None else "-",
+                val = f"{self.last_val:.3f}" if self.last_val is not None else "-"
+                bar.set_postfix(loss=f"{ema_loss:.3f}", val=val,
                                 tok_s=f"{tokens_per_step / step_s:.0f}", refresh=False)
         finally:
             bar.close()
@@ -248,5 +257,6 @@ class Trainer:
             log.info("checkpoint %s", path)
         if plot:
             plot_loss_curve(self.metrics.records(), self.out / "loss.png",
-                            title=f"GPT {self.model.num_params() / 1e6:.2f}M params on {self.data.info.get('name', '?')}")
+                            title=f"GPT {self.model.num_params() / 1e6:.2f}M parameters on "
+                                  f"{self.data.info.get('name', '?')}")
         return losses
