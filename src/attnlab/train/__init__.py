@@ -2,7 +2,8 @@
 
 Example::
 
-    from attnlab.data.prepare import prepare_lm_data
+    from attnlab.data import prepare_lm_data
+    from attnlab.models import GPTConfig
     data = prepare_lm_data("docs", "char")
     cfg = TrainConfig.for_preset("micro", out_dir="runs/micro")
     Trainer(GPTConfig.preset("micro", vocab_size=data.tokenizer.vocab_size), cfg, data).train()
