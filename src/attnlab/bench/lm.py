@@ -7,7 +7,8 @@ attention backend) against a nanoGPT-equivalent model (``lm_nanogpt.NanoGPT``: f
 (copied from the attnlab GPT; the parameter counts must match, and the logits are compared), so
 the runs do the same arithmetic. Two more nanoGPT rows change one thing each (separate q/k/v
 Linears; ``attnlab.attention`` instead of SDPA) to locate any gap. All steps run round-robin; the
-speed ratio is given as a ratio of medians and as the median of per-round ratios (robust to drift).
+speed ratio is given as a ratio of medians, as the median of per-round ratios (robust to drift),
+and in process CPU time (not inflated by waiting while other processes hold a shared machine's CPUs).
 
 Generation: greedy decoding of a batch of 1 from a ``prompt``-token prompt up to each total
 length in ``gen_to``, with the KV cache and with full recomputation (``generate_tokens(use_cache=
