@@ -13,9 +13,9 @@ from .functional import FunctionBias, StructuredBias, attention, available_backe
 
 __version__ = "0.1.0"
 __all__ = ["attention", "explain", "available_backends", "masks", "StructuredBias", "FunctionBias",
-           "nn", "positional"]
+           "nn", "positional", "models"]
 
-_SUBPACKAGES = ("nn", "positional")
+_SUBPACKAGES = ("nn", "positional", "models")
 
 
 def __getattr__(name: str):

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..models.gpt import GPT, GPTConfig
 from .lm_nanogpt import NanoGPT, copy_from_attnlab
-from .lm_overheads import cpu_timed, decode_mask_prototype, decode_step_fns, fuse_qkv_prototype, overheads
+from .lm_overheads import cpu_timed, decode_step_fns, overheads
 from .lm_report import NANOGPT, format_lm
 from .machine import LoadMonitor, machine_info
 from .timing import time_interleaved
@@ -104,7 +104,6 @@ def _training_models(cfg: LMBenchConfig, gpt: GPT) -> dict[str, torch.nn.Module]
     for b in cfg.backends:
         models[f"attnlab GPT ({b})"] = copy.deepcopy(gpt).with_backend(b)
     if cfg.diagnose:
-        models["attnlab GPT (auto), fused q/k/v prototype"] = fuse_qkv_prototype(gpt)
         models["nanoGPT, separate q/k/v"] = copy_from_attnlab(NanoGPT.like(gpt.cfg, qkv="separate"), gpt)
         models["nanoGPT, attnlab.attention()"] = copy_from_attnlab(NanoGPT.like(gpt.cfg, attend="attnlab"), gpt)
     return models
@@ -203,8 +202,6 @@ def run_generation(cfg: LMBenchConfig, gpt: GPT, ref: NanoGPT) -> list[dict]:
         step = {"cached_ms": 1e3 * statistics.median(st[0]), "full_ms": 1e3 * statistics.median(st[1]),
                 "cached_cpu_ms": 1e3 * statistics.median(cpu[0]), "full_cpu_ms": 1e3 * statistics.median(cpu[1])}
         step["speedup"] = step["full_ms"] / step["cached_ms"]
-        if cfg.diagnose:
-            step.update(decode_mask_prototype(gpt, ctx, cfg.step_repeats))
         rows.append({
             "total": total, "new_tokens": n, "prompt": cfg.prompt,
             "median_s": med, "times_s": times,

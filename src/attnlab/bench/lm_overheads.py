@@ -1,18 +1,15 @@
-"""Where a GPT layer's time goes besides the matmuls: microbenchmarks and prototypes for ``bench --lm``.
+"""Where a GPT layer's time goes besides the matmuls: microbenchmarks for ``bench --lm``.
 
 Each measurement pits the way attnlab does a thing against the cheaper alternative, round-robin,
 in microseconds per call, so a gap in the model-level numbers can be traced to a line of code:
 
     attention dispatch    attnlab.attention(auto / sdpa) vs F.scaled_dot_product_attention, tiny shapes
-    decode mask           a one-token causal step: the dense (1, S) mask attnlab builds vs no mask
+    decode step           a one-token causal call (causal is dropped at L = 1) vs no mask vs raw SDPA
     head split            einops.rearrange vs view + transpose
-    q/k/v projections     three Linears (attnlab) vs one fused Linear (nanoGPT), forward + backward
+    q/k/v projections     three Linears vs one fused Linear (nanoGPT), forward + backward
 
-``fuse_qkv_prototype`` gives a GPT's attention layers nanoGPT's single (C, 3C) q/k/v matmul behind
-the same module code, to size what fusing the projections would change in a training step.
-``decode_mask_prototype`` runs a whole cached decoding step of the GPT with causal masking
-switched off in every layer -- exact for a single query, whose bottom-right causal row allows all
-keys -- to size what dropping the mask at L = 1 would save end to end.
+These found the two fixes now in the code: ``MultiHeadAttention`` projects q, k, v with one
+matmul, and ``attention`` drops bottom-right causal masking for a single query row.
 
 Example::
 
@@ -20,10 +17,8 @@ Example::
 """
 from __future__ import annotations
 
-import copy
 import statistics
 import time
-from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -34,7 +29,7 @@ from torch import nn
 from ..functional import attention
 from .timing import time_interleaved
 
-__all__ = ["cpu_timed", "overheads", "decode_step_fns", "decode_mask_prototype", "fuse_qkv_prototype"]
+__all__ = ["cpu_timed", "overheads", "decode_step_fns"]
 
 
 def cpu_timed(fn: Callable, sink: list[float]) -> Callable:
@@ -68,21 +63,6 @@ def decode_step_fns(gpt, ctx: torch.Tensor) -> tuple[Callable, Callable]:
         with torch.no_grad():
             return gpt(ctx)
     return cached, full
-
-
-def decode_mask_prototype(gpt, ctx: torch.Tensor, repeats: int) -> dict:
-    """One cached step with and without the causal mask (identical maths at L = 1), round-robin."""
-    unmasked = copy.deepcopy(gpt)
-    with_mask, _ = decode_step_fns(gpt, ctx)
-    no_mask, _ = decode_step_fns(unmasked, ctx)                      # the N - 1 cached tokens: causal
-    for b in unmasked.blocks:                                          # then only the one-token step: not
-        b.self_attn.cfg = replace(b.self_attn.cfg, causal=False)
-    diff = (with_mask() - no_mask()).abs().max().item()
-    cpu: list[list[float]] = [[], []]
-    t = time_interleaved([cpu_timed(with_mask, cpu[0]), cpu_timed(no_mask, cpu[1])], repeats=repeats)
-    return {"cached_masked_ms": 1e3 * statistics.median(t[0]), "cached_no_mask_ms": 1e3 * statistics.median(t[1]),
-            "cached_masked_cpu_ms": 1e3 * statistics.median(cpu[0]),
-            "cached_no_mask_cpu_ms": 1e3 * statistics.median(cpu[1]), "no_mask_max_abs_diff": diff}
 
 
 def _per_call(fns: dict[str, Callable], calls: int, repeats: int) -> dict[str, float]:
@@ -120,7 +100,7 @@ def overheads(cfg, batch: int, seq_len: int, *, calls: int = 200, repeats: int =
     ks, vs = (torch.randn(1, H, S, D, generator=g) for _ in range(2))             # (1, H, S, D)
     rows.append({"what": f"decode attention (1, {H}, 1 <- {S}, {D}), no grad", "calls_per_step": cfg.n_layer,
                  "us_per_call": _per_call({
-                     "attnlab.attention(causal=True) [builds a dense (1, S) mask]":
+                     "attnlab.attention(causal=True) [L = 1: causal dropped, plain SDPA]":
                          lambda: attention(q1, ks, vs, causal=True),
                      "attnlab.attention() [same result at L = 1]": lambda: attention(q1, ks, vs),
                      "F.scaled_dot_product_attention()": lambda: F.scaled_dot_product_attention(q1, ks, vs)},
@@ -152,47 +132,3 @@ def _projections(C: int, batch: int, seq_len: int, n_layer: int, calls: int, rep
             "calls_per_step": n_layer,
             "us_per_call": _per_call({"three Linear(C, C) [attnlab]": three, "one Linear(C, 3C) [nanoGPT]": one},
                                      calls, repeats)}
-
-
-class _FusedQKV(nn.Module):
-    """Prototype: q, k and v from one (C, 3C) matmul, behind MultiHeadAttention's three projection slots.
-
-    ``q_proj(x)`` runs the fused Linear and keeps the result; ``k_proj(x)`` / ``v_proj(x)`` on the
-    same x return their slices (and ``v_proj`` forgets it). Self-attention only; for measurement.
-    """
-
-    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear):
-        super().__init__()
-        self.fused = nn.Linear(q.in_features, q.out_features + k.out_features + v.out_features)
-        with torch.no_grad():
-            self.fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-            self.fused.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
-        self.sizes = [q.out_features, k.out_features, v.out_features]
-        self.memo: tuple = (None, None)
-
-    def part(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if self.memo[0] is not x:
-            self.memo = (x, self.fused(x).split(self.sizes, dim=-1))   # each (B, L, width)
-        out = self.memo[1][i]
-        if i == 2:
-            self.memo = (None, None)                                   # do not keep the graph alive
-        return out
-
-
-class _Slot(nn.Module):
-    def __init__(self, qkv: _FusedQKV, i: int):
-        super().__init__()
-        self.qkv, self.i = [qkv], i                                    # a list: not a second owner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.qkv[0].part(self.i, x)
-
-
-def fuse_qkv_prototype(gpt):
-    """A copy of ``gpt`` whose self-attention layers project q, k, v with one fused Linear (same weights)."""
-    gpt = copy.deepcopy(gpt)
-    for b in gpt.blocks:
-        a = b.self_attn
-        a.qkv = _FusedQKV(a.q_proj, a.k_proj, a.v_proj)
-        a.q_proj, a.k_proj, a.v_proj = (_Slot(a.qkv, i) for i in range(3))
-    return gpt

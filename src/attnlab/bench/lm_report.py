@@ -44,7 +44,7 @@ def _training(report: dict) -> list[str]:
     lines = [head] + _table(["model", "median ms", "tokens/s", "x nanoGPT", "x nanoGPT per round [IQR]",
                              "CPU ms", "x nanoGPT (CPU)", "last loss", "|logit diff| at init"], rows)
     for r in t["rows"]:
-        if r["name"].startswith("attnlab GPT") and "prototype" not in r["name"]:
+        if r["name"].startswith("attnlab GPT"):
             lines.append(f"target attnlab >= nanoGPT, {r['name']}: {training_verdict(r)}")
     lines.append("x nanoGPT > 1 = faster than nanoGPT (wall-clock medians; per round: median of the per-round "
                  "ratios; CPU: process CPU time, which time spent waiting for a busy machine does not inflate)")
@@ -57,7 +57,6 @@ def _generation(report: dict) -> list[str]:
     gen = report["generation"]
     if not gen:
         return []
-    with_proto = "cached_no_mask_ms" in gen[0]["step_at_context"]
     rows = []
     for r in gen:
         ms, s = r["ms_per_token"], r["step_at_context"]
@@ -66,13 +65,9 @@ def _generation(report: dict) -> list[str]:
                "yes" if r["same_tokens_cache_vs_recompute"] and r["same_tokens_cache_vs_nanogpt"] else "NO",
                f"{s['cached_ms']:.2f} ({s['cached_cpu_ms']:.2f})", f"{s['full_ms']:.2f} ({s['full_cpu_ms']:.2f})",
                f"{s['speedup']:.1f} ({s['full_cpu_ms'] / s['cached_cpu_ms']:.1f})"]
-        if with_proto:
-            row.append(f"{s['cached_masked_cpu_ms']:.2f} -> {s['cached_no_mask_cpu_ms']:.2f}")
         rows.append(row)
     header = ["tokens", "cache ms/tok", "recompute ms/tok", "nanoGPT ms/tok", "x (gen)", "same",
               "step@N cached ms (CPU)", "step@N full ms (CPU)", "x (step) (CPU)"]
-    if with_proto:
-        header.append("cached step CPU ms: mask -> no mask")
     return (["greedy generation, batch 1 (ms per new token, medians of round-robin runs); step@N = producing "
              "token N alone: one cached step vs a full forward of N tokens"] + _table(header, rows)
             + ["same = the KV-cache tokens equal the recomputed ones and nanoGPT's"])
