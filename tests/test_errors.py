@@ -32,6 +32,7 @@ v4 = torch.randn(2, 4, 7, 12)
     ((q4, k4, v4), dict(backend="flash9"), ValueError, r"unknown attention backend 'flash9'; available: \[.*'reference', .*'sdpa', .*'tiled'"),
     ((q4, k4, v4), dict(causal=1), TypeError, r"causal must be a bool"),
     ((q4, k4, v4), dict(mask=al.masks.padding([3, 4, 5])), ValueError, r"batch size 3, but q has batch size 2"),
+    ((q4, k4, v4), dict(mask=al.masks.padding([7, 8])), ValueError, r"padding lengths \[7, 8\] exceed the S=7 keys"),
     ((q4, k4, v4), dict(mask=al.masks.documents(torch.zeros(6, dtype=torch.long))), ValueError, r"length 6 but there are S=7 keys"),
 ])
 def test_bad_input_names_the_problem(args, kwargs, err, match):

@@ -184,6 +184,12 @@ class PaddingMask(Mask):
         kinds[(c0 >= n).expand_as(kinds)] = EMPTY
         return kinds
 
+    def check(self, B: int, H: int, L: int, S: int) -> None:
+        super().check(B, H, L, S)
+        if self.lengths.numel() and int(self.lengths.max()) > S:
+            raise ValueError(f"padding lengths {self.lengths.tolist()} exceed the S={S} keys: a length counts "
+                             f"the real keys of an example, so it must be <= {S}")
+
     def __repr__(self):
         return f"padding({self.lengths.tolist()})"
 
