@@ -4,6 +4,10 @@
     attnlab train gpt --data stdlib --preset nano --tokenizer bpe --steps 300 --out runs/code
     attnlab train gpt --out runs/code --resume --steps 600        # continue (same data, same schedule unless changed)
     attnlab generate runs/code --prompt "def " --max-new-tokens 200 --top-k 20 --seed 0 --stop "\\n\\n"
+    torchrun --nproc_per_node=4 -m attnlab train gpt --preset mini --batch-size 64   # data-parallel, 16 rows each
+
+Under torchrun every process trains its slice of the global ``--batch-size``; only rank 0 writes
+(checkpoints, metrics, output) and the other ranks log warnings only (see ``train/distributed.py``).
 
 Results go to stdout, progress and warnings to stderr. Errors (unknown data path, a prompt the
 tokenizer cannot encode, a broken checkpoint) end with "attnlab: error: ..." and exit status 2.
@@ -33,10 +37,29 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from .train.distributed import DistributedError, init_distributed
+    try:
+        dist = init_distributed(timeout_s=args.dist_timeout)
+    except ValueError as e:
+        return _fail(str(e))
+    if not dist.is_main:                                    # one voice: the other ranks only warn
+        logging.getLogger("attnlab").setLevel(logging.WARNING)
+    try:
+        return _train(args, dist)
+    except DistributedError as e:
+        return _fail(str(e))
+    finally:
+        dist.shutdown()
+
+
+def _train(args: argparse.Namespace, dist) -> int:
     from .data.prepare import prepare_lm_data
     from .data.tokenization import tokenizer_from_json
     from .models import GPTConfig
     from .train import CheckpointError, Trainer, TrainConfig, load_checkpoint
+    say = print if dist.is_main else (lambda *a, **k: None)
     try:
         if args.resume:
             if args.out is None:
@@ -51,8 +74,8 @@ def _run_train(args: argparse.Namespace) -> int:
             overrides = _overrides(args)
             if args.steps is not None and args.time_limit is None:
                 overrides["time_limit_min"] = None          # an explicit step count replaces a time budget
-            trainer = Trainer.from_checkpoint(ckpt, data, progress=not args.no_progress, **overrides)
-            print(f"resuming {ckpt.path} at step {ckpt.step}", file=sys.stderr)
+            trainer = Trainer.from_checkpoint(ckpt, data, progress=not args.no_progress, dist=dist, **overrides)
+            say(f"resuming {ckpt.path} at step {ckpt.step}", file=sys.stderr)
         else:
             data_name = args.data or "docs"
             out = args.out or f"runs/{args.model}-{args.preset}-{Path(data_name).name or 'data'}"
@@ -64,13 +87,15 @@ def _run_train(args: argparse.Namespace) -> int:
             model_over = {k: v for k, v in {"block_size": args.block_size, "dropout": args.dropout}.items()
                           if v is not None}
             mcfg = GPTConfig.preset(args.preset, vocab_size=data.tokenizer.vocab_size, **model_over)
-            trainer = Trainer(mcfg, cfg, data, progress=not args.no_progress)
-            print(f"training GPT {args.preset} ({trainer.model.num_params() / 1e6:.2f}M parameters) on "
+            trainer = Trainer(mcfg, cfg, data, progress=not args.no_progress, dist=dist)
+            say(f"training GPT {args.preset} ({trainer.model.num_params() / 1e6:.2f}M parameters) on "
                   f"{data_name}: {len(data.train_ids):,} train / {len(data.val_ids):,} validation tokens, "
                   f"{args.tokenizer} tokenizer ({data.tokenizer.vocab_size} ids) -> {out}", file=sys.stderr)
         trainer.train()
     except (ValueError, CheckpointError) as e:
         return _fail(str(e))
+    if not dist.is_main:
+        return 0
     out = trainer.out
     per_char = trainer.last_val / data.val_chars_per_token
     print(f"step {trainer.step}: validation loss {trainer.last_val:.4f} nats/token ({per_char:.4f} nats/char)")
@@ -97,7 +122,8 @@ def add_train(sub) -> None:
     t.add_argument("--steps", type=int, help="optimizer steps (replaces the preset's time budget)")
     t.add_argument("--time-limit", type=float, metavar="MIN",
                    help="stop after MIN minutes; without --steps the schedule is sized to fit")
-    t.add_argument("--batch-size", type=int)
+    t.add_argument("--batch-size", type=int,
+                   help="sequences per micro-batch, in total: under torchrun it is split evenly over the processes")
     t.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
     t.add_argument("--lr", type=float, help="peak learning rate")
     t.add_argument("--warmup", type=int, help="warmup steps")
@@ -111,6 +137,8 @@ def add_train(sub) -> None:
     t.add_argument("--out", help="run directory (default runs/gpt-PRESET-DATA)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--dist-timeout", type=float, default=300.0, metavar="SEC",
+                   help="under torchrun: fail (not hang) when another process is silent this long (default 300)")
     t.set_defaults(run=_run_train)
 
 

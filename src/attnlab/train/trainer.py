@@ -6,7 +6,8 @@ Validation loss is the mean over ``eval_iters`` batches drawn once from the vali
 (the same batches at every evaluation, so the curve is not sampling noise). Everything a step
 depends on (weights, optimizer moments, step, the batch sampler's and torch's RNG states) is in
 the checkpoint: a run stopped at step k and resumed reproduces the uninterrupted run's losses
-exactly. The first Ctrl-C finishes the current step, checkpoints and stops.
+exactly. The first Ctrl-C finishes the current step, checkpoints and stops. Under torchrun
+(``dist=init_distributed()``) the same run is data-parallel: see ``distributed`` for what changes.
 
 Example::
 
@@ -35,6 +36,7 @@ from ..data.prepare import LMData
 from ..models import GPT, GPTConfig
 from .checkpoint import Checkpoint, list_checkpoints, save_checkpoint
 from .config import TrainConfig
+from .distributed import DistContext, QuietLog
 from .metrics import MetricsLog, plot_loss_curve
 from .schedule import lr_at, make_optimizer
 
@@ -56,7 +58,9 @@ class Trainer:
     """Trains a GPT on ``LMData``; ``train()`` runs to ``cfg.steps`` (or the time limit, or max_steps)."""
 
     def __init__(self, model_config: GPTConfig, cfg: TrainConfig, data: LMData, *, progress: bool = True,
-                 checkpoint: Optional[Checkpoint] = None):
+                 checkpoint: Optional[Checkpoint] = None, dist: Optional[DistContext] = None):
+        self.dist = dist or DistContext.current()
+        self.dist.check_batch(cfg.batch_size)
         self.out = Path(cfg.out_dir)
         if checkpoint is None and list_checkpoints(self.out):
             raise ValueError(f"{self.out} already holds checkpoints ({list_checkpoints(self.out)[-1].name}); "
@@ -71,10 +75,15 @@ class Trainer:
         if len(data.val_ids) < model_config.block_size + 1:
             raise ValueError(f"the validation split has {len(data.val_ids)} tokens, fewer than block_size + 1 = "
                              f"{model_config.block_size + 1}; use more text, a larger val fraction or a smaller block")
-        self.cfg, self.model_config, self.data, self.progress = cfg, model_config, data, progress
+        self.cfg, self.model_config, self.data = cfg, model_config, data
+        self.progress = progress and self.dist.is_main
+        self.dist.check_same({"data": data.info, "tokenizer": data.tokenizer.to_json(), "train_config": cfg.to_dict(),
+                              "model_config": model_config.to_dict(), "resumed_from": here})
         torch.manual_seed(cfg.seed)
         self.model = GPT(model_config)
         self.optimizer = make_optimizer(self.model, cfg)
+        self.loss_fn = self.dist.loss_fn(self.model)            # model.loss, or through DDP (gradient averaging)
+        self.dist.seed_rank_rng(cfg.seed)
         T = model_config.block_size
         self.sampler = BatchSampler(data.train_ids, T, cfg.batch_size, seed=cfg.seed)
         val_sampler = BatchSampler(data.val_ids, T, cfg.batch_size, seed=cfg.seed + 1)
@@ -87,24 +96,26 @@ class Trainer:
         # time-budgeted: no step count given, or one sized from the budget before this resume
         self.budgeted = cfg.time_limit_min is not None and (cfg.steps is None or "calibration" in self.extra)
         self.saved_step = self.evaluated_step = self.step if checkpoint is not None else None
-        self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step=self.step if checkpoint else None)
+        self.metrics = (MetricsLog(self.out / "metrics.jsonl", resume_step=self.step if checkpoint else None)
+                        if self.dist.is_main else QuietLog())
         self.last_val: Optional[float] = None
         self.eval_seconds: Optional[float] = None        # the last evaluation's duration
         self.eval_total = 0.0                             # all evaluations' (time budgeting leaves them out)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, data: LMData, *, progress: bool = True, **overrides) -> "Trainer":
+    def from_checkpoint(cls, ckpt: Checkpoint, data: LMData, *, progress: bool = True,
+                        dist: Optional[DistContext] = None, **overrides) -> "Trainer":
         """Continue the run saved in ckpt; overrides change TrainConfig fields (e.g. steps, time_limit_min)."""
         cfg = TrainConfig.from_dict({**ckpt.train_config, **overrides})
         if overrides.get("steps") is not None:                 # an explicit length ends time budgeting
             ckpt.extra.pop("calibration", None)
-        return cls(GPTConfig(**ckpt.model_config), cfg, data, progress=progress, checkpoint=ckpt)
+        return cls(GPTConfig(**ckpt.model_config), cfg, data, progress=progress, checkpoint=ckpt, dist=dist)
 
     def _restore(self, ckpt: Checkpoint) -> None:
         self.model.load_state_dict(ckpt.model_state)
         if ckpt.optimizer_state is not None:
             self.optimizer.load_state_dict(ckpt.optimizer_state)
-        torch.set_rng_state(ckpt.rng["torch"])
+        self.dist.restore_rng(ckpt.rng, self.cfg.seed, ckpt.step)
         self.sampler.set_state(ckpt.rng["batches"])
         self.step = ckpt.step
         self.extra = {**ckpt.extra, "data": self.data.info}
@@ -121,18 +132,21 @@ class Trainer:
             group["lr"] = lr
         self.model.train()
         total = 0.0
-        for _ in range(cfg.grad_accum):
-            x, y = self.sampler.next()                                        # (B, T) each
-            with self._autocast():
-                loss = self.model.loss(x, y)
-            (loss / cfg.grad_accum).backward()
+        for micro in range(cfg.grad_accum):
+            x, y = self.sampler.next()                                        # (B, T) each: the global batch
+            x, y = self.dist.shard(x), self.dist.shard(y)                     # (B / ranks, T): this rank's rows
+            last = micro == cfg.grad_accum - 1
+            with nullcontext() if last else self.dist.no_sync(self.loss_fn):   # DDP averages grads on the last
+                with self._autocast():
+                    loss = self.loss_fn(x, y)
+                (loss / cfg.grad_accum).backward()
             total += loss.item()
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._lr = lr
-        return total / cfg.grad_accum
+        return self.dist.mean(total / cfg.grad_accum)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -142,10 +156,10 @@ class Trainer:
         losses = []
         for x, y in self.eval_batches:
             with self._autocast():
-                losses.append(self.model.loss(x, y).item())
+                losses.append(self.model.loss(self.dist.shard(x), self.dist.shard(y)).item())
         self.eval_seconds = time.perf_counter() - t0
         self.eval_total += self.eval_seconds
-        return sum(losses) / len(losses)
+        return self.dist.mean(sum(losses) / len(losses))                 # equal shards: the global mean
 
     def _evaluate_and_log(self) -> float:
         val = self.evaluate()
@@ -156,7 +170,10 @@ class Trainer:
         return val
 
     def save(self) -> Path:
-        rng = {"torch": torch.get_rng_state(), "batches": self.sampler.state()}
+        rng = {**self.dist.rng_states(), "batches": self.sampler.state()}    # collective: every rank calls save
+        if not self.dist.is_main:
+            self.saved_step = self.step
+            return self.out / f"step-{self.step:06d}"
         path = save_checkpoint(self.out, self.step, self.model, tokenizer_json=self.data.tokenizer.to_json(),
                                model_config=self.model_config.to_dict(), train_config=self.cfg.to_dict(),
                                optimizer=self.optimizer, rng=rng, extra=self.extra, keep=self.cfg.keep_checkpoints)
@@ -184,8 +201,13 @@ class Trainer:
         """Train until cfg.steps, the time limit, Ctrl-C or ``max_steps`` (a step count); returns this call's losses.
 
         Always ends with a checkpoint and a validation loss at the last step, then (``plot``) the
-        loss-curve PNG of the whole run.
+        loss-curve PNG of the whole run. In a distributed run a failure on another rank is a
+        ``DistributedError`` here (after at most the collective timeout), not a hang.
         """
+        with self.dist.failures():
+            return self._train(max_steps, plot)
+
+    def _train(self, max_steps: Optional[int], plot: bool) -> list[float]:
         cfg = self.cfg
         t0 = time.perf_counter()
         stop = {"why": None}
@@ -214,6 +236,7 @@ class Trainer:
                     budget = self.cfg.time_limit_min * 60 - (self.eval_seconds or 0.0) - 5.0
                     if time.perf_counter() - t0 + (loop_s or step_s) > budget:
                         stop["why"] = f"time limit ({self.cfg.time_limit_min} min)"
+                stop["why"] = self.dist.first_stop(stop["why"])              # all ranks stop at the same step
                 if stop["why"]:
                     log.info("stopping at step %d: %s", self.step, stop["why"])
                     break
@@ -237,7 +260,9 @@ class Trainer:
                         loop_s = spent / n                                     # a whole loop turn, bookkeeping included
                         self._size_to_budget(loop_s, now - t0)
                         win = (self.step, now, self.eval_total)
-                        bar.total = self.cfg.steps
+                    if self.dist.active:                                       # rank 0's timing rules
+                        self.cfg = self.cfg.but(steps=self.dist.from_main(self.cfg.steps))
+                    bar.total = self.cfg.steps
                 if self.step % cfg.eval_interval == 0 or self.step == self.cfg.steps:
                     self._evaluate_and_log()
                 if self.step % cfg.checkpoint_interval == 0:
@@ -255,7 +280,7 @@ class Trainer:
         if self.saved_step != self.step:
             path = self.save()
             log.info("checkpoint %s", path)
-        if plot:
+        if plot and self.dist.is_main:
             plot_loss_curve(self.metrics.records(), self.out / "loss.png",
                             title=f"GPT {self.model.num_params() / 1e6:.2f}M parameters on "
                                   f"{self.data.info.get('name', '?')}")
