@@ -19,6 +19,7 @@ from .backends.linear_recurrent import LinearAttentionState, absorb, step
 from .backends.sparse import SparseStats, sparse_attention
 from .bias import FunctionBias, StructuredBias
 from .registry import available_backends, get_backend, register_backend
+from .ring import ring_attention  # context parallel over torch.distributed; shard/unshard in .ring_layout
 
 __all__ = ["attention", "explain", "available_backends", "get_backend", "register_backend",
            "choose_backend", "masks", "StructuredBias", "FunctionBias",
