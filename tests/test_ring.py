@@ -60,12 +60,14 @@ def _init(rank: int, world: int, port: int, timeout_s: float) -> None:
 
 def _global_inputs(case: dict, dtype: torch.dtype):
     g = torch.Generator().manual_seed(case["seed"])
-    B, H, Hkv, N, D = case["B"], case["H"], case["Hkv"], case["N"], case["D"]
-    q, k, v = (torch.randn(B, h, N, D, generator=g, dtype=torch.float64) for h in (H, Hkv, Hkv))
-    grad = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
+    B, H, Hkv, N, S, D, Dv = (case[x] for x in ("B", "H", "Hkv", "N", "S", "D", "Dv"))
+    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hkv, S, Dv, generator=g, dtype=torch.float64)
+    grad = torch.randn(B, H, N, Dv, generator=g, dtype=torch.float64)
     kp = None
     if case["padding"]:
-        kp = torch.rand(B, N, generator=g) > 0.3              # random real keys ...
+        kp = torch.rand(B, S, generator=g) > 0.3              # random real keys ...
         kp[-1] = False                                        # ... and a batch row with none at all
     return [t.to(dtype) for t in (q, k, v, grad)] + [kp]
 
@@ -145,15 +147,17 @@ def _worker_dead_peer(rank: int, world: int, port: int, how: str) -> None:
 
 # ----------------------------------------------------------------------------- tests
 
-def _case(causal, layout, H=4, Hkv=4, padding=False, N=16, B=2, D=8, seed=0):
-    return dict(causal=causal, layout=layout, H=H, Hkv=Hkv, padding=padding, N=N, B=B, D=D, seed=seed)
+def _case(causal, layout, H=4, Hkv=4, padding=False, N=16, S=None, B=2, D=8, Dv=None, seed=0):
+    return dict(causal=causal, layout=layout, H=H, Hkv=Hkv, padding=padding, N=N, S=S or N, B=B, D=D,
+                Dv=Dv or D, seed=seed)
 
 
 def test_ring_matches_reference_two_ranks():
     cases = [_case(c, lay, seed=i) for i, (c, lay) in
              enumerate([(False, "zigzag"), (True, "zigzag"), (True, "contiguous"), (False, "contiguous")])]
     cases += [_case(True, "zigzag", H=6, Hkv=2, padding=True, N=12, D=5, seed=7),      # GQA, padding, odd D
-              _case(False, "contiguous", H=4, Hkv=1, padding=True, N=10, B=3, seed=8)]  # MQA, N/P odd
+              # MQA, N/P odd, cross attention (L != S), Dv != D
+              _case(False, "contiguous", H=4, Hkv=1, padding=True, N=10, S=14, B=3, Dv=3, seed=8)]
     _run_ranks(_worker_parity, 2, cases)
 
 
