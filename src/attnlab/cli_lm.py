@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["add_train", "add_generate", "stream_with_stops"]
 
