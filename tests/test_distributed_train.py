@@ -136,7 +136,8 @@ def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(_free_port()),
            "-m", "attnlab", "train", "gpt", *args, "--no-progress", "--dist-timeout", "30"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, env=env)
+    # twice the ranks' limit: torchrun starts 2 interpreters that import torch, slow on a busy machine
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=2 * LIMIT_S, env=env)
 
 
 def test_torchrun_cli_matches_and_resumes_exactly(corpus, ddp_run, tmp_path):

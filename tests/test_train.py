@@ -214,9 +214,10 @@ def test_ctrl_c_finishes_the_step_checkpoints_and_stops(data, tmp_path, monkeypa
         return loss
 
     monkeypatch.setattr(tr, "_train_step", step_then_interrupt)
+    before = signal.getsignal(signal.SIGINT)     # default_int_handler, or SIG_IGN in a background job
     assert len(tr.train(plot=False)) == 2
     assert load_checkpoint(tmp_path).step == 2
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before                # the caller's handler is restored
 
 
 def test_bf16_autocast_trains(data, tmp_path):
