@@ -176,11 +176,7 @@ class Encoder(nn.Module):
         x = (self.word_embeddings(input_ids) + self.position_embeddings(pos)
              + self.token_type_embeddings(token_type_ids))             # (B, L, C)
         x = self.drop(self.embed_norm(x))
-        key_mask = None
-        if attention_mask is not None:
-            key_mask = attention_mask.bool()                            # (B, L)
-            if bool(key_mask.all()):
-                key_mask = None       # nothing to mask: lets "auto" take SDPA's mask-free fast path
+        key_mask = None if attention_mask is None else attention_mask.bool()   # (B, L); all-True is dropped in MHA
         return self.stack(x, key_mask=key_mask, capture=capture)       # (B, L, C)
 
     def _check(self, ids: Tensor, attention_mask: Optional[Tensor], token_type_ids: Optional[Tensor]):

@@ -215,6 +215,8 @@ class MultiHeadAttention(nn.Module):
             if key_mask.dtype != torch.bool or key_mask.shape != (B, S):
                 raise ValueError(f"key_mask must be bool (B={B}, S={S}) with True = real key, got "
                                  f"{key_mask.dtype} {tuple(key_mask.shape)}")
+            if bool(key_mask.all()):
+                return mask      # no padding: keeps the request plain, so "auto" can take SDPA's mask-free path
             km = masks.dense(key_mask[:, None, None, :])                     # (B, 1, 1, S)
             if mask is None:
                 return km
