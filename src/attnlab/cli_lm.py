@@ -46,7 +46,10 @@ def _run_train(args: argparse.Namespace) -> int:
     if not dist.is_main:                                    # one voice: the other ranks only warn
         logging.getLogger("attnlab").setLevel(logging.WARNING)
     try:
-        return _train(args, dist)
+        code = _train(args, dist)
+        if code == 0:
+            dist.shutdown(synchronize=True)             # every rank done before any leaves
+        return code
     except DistributedError as e:
         return _fail(str(e))
     finally:

@@ -203,8 +203,17 @@ class DistContext:
                 f"rank died or hung (collectives time out after {self.timeout_s:g} s); check the other ranks' "
                 "output for the first error") from e
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, synchronize: bool = False) -> None:
+        """Leave the process group (a no-op when not in one, or already left).
+
+        ``synchronize`` (the success path): first wait for every rank, so no rank tears gloo down
+        while a peer is still in its last collective -- that aborts the peer ("terminate called
+        without an active exception", seen under load). The wait is bounded by the group's timeout.
+        """
         if self.active and tdist.is_initialized():
+            if synchronize:
+                with self.failures():
+                    tdist.barrier()
             tdist.destroy_process_group()
 
 
