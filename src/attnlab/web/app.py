@@ -1,0 +1,158 @@
+"""The web lab's FastAPI app: a static page and a JSON API over ``attnlab.lab.inspect``.
+
+    GET  /                 the page (static/index.html; its JS and CSS are served from the package)
+    GET  /api/models       {models: [{name, description, layers, heads, available}], backends: [{name, exact}],
+                            max_chars}
+    POST /api/attention    {text, model, layer, head, positional, scale_factor, backend}
+                        -> {model, n_layers, n_heads, backend, exact, tokens, layer, heads, weights (heads, L, L),
+                            entropy (per head, nats), max_entropy (log L), agreement, positional, scale_factor}
+
+Safety, because a browser tab on any site can reach 127.0.0.1: the server binds to 127.0.0.1
+only (``attnlab serve``); the Host header must be one of ``allowed_hosts`` (400 otherwise: a
+DNS-rebinding page arrives with its own host name); models are chosen by registered name, never
+by path; the request body and the text are capped (413); the page loads nothing from other
+origins (a Content-Security-Policy of 'self' says so to the browser).
+
+Errors are ``{"detail": message}``: 404 unknown model, 413 text over the cap (characters or
+tokens), 422 empty text, unknown layer, head or backend, malformed JSON.
+
+Example::
+
+    from fastapi.testclient import TestClient
+    client = TestClient(create_app(), base_url="http://127.0.0.1")
+    client.post("/api/attention", json={"text": "the dog bit the man", "model": "toy-encoder"}).json()["tokens"]
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from ..lab.inspect import (InputTooLongError, UnknownModelError, attention_entropy, attention_maps,
+                           backend_choices, list_models, load_model)
+
+__all__ = ["create_app", "AttentionRequest", "DEFAULT_MAX_CHARS", "STATIC_DIR"]
+
+STATIC_DIR = Path(__file__).parent / "static"
+DEFAULT_MAX_CHARS = 500            # a paragraph; the token cap (inspect.MAX_TOKENS) bounds the work too
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
+
+
+class AttentionRequest(BaseModel):
+    """POST /api/attention's body. Strict types: "1" is not a layer, 1 is not a boolean."""
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    text: str
+    model: str = "toy-encoder"
+    layer: StrictInt = 0
+    head: Optional[StrictInt] = None          # None = every head of the layer
+    positional: StrictBool = True
+    scale_factor: float = 1.0
+    backend: str = "auto"
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def _describe(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+    return f"bad request: {where}: {err.get('msg', 'invalid')}"
+
+
+async def _read_capped(request: Request, limit: int) -> Optional[bytes]:
+    """The request body, or None as soon as it is longer than ``limit`` bytes (even without Content-Length)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _payload(maps, req: AttentionRequest) -> dict:
+    w = maps.weights[0]                                                       # (heads, L, L)
+    L = len(maps.tokens)
+    ent = attention_entropy(w).mean(-1)                                       # (heads,) mean over query rows
+    exact = {b["name"]: b["exact"] for b in backend_choices()}[maps.backend]
+    loaded = load_model(maps.model)                                           # cached: the sizes for the page
+    return dict(model=maps.model, n_layers=loaded.n_layer, n_heads=loaded.n_head, backend=maps.backend,
+                exact=exact, tokens=maps.tokens, layer=maps.layers[0],
+                heads=maps.heads, weights=[[[round(v, 6) for v in row] for row in h] for h in w.tolist()],
+                entropy=[round(float(e), 6) for e in ent], max_entropy=math.log(L) if L else 0.0,
+                agreement=maps.agreement, positional=req.positional, scale_factor=req.scale_factor)
+
+
+def create_app(max_chars: int = DEFAULT_MAX_CHARS,
+               allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> FastAPI:
+    """The lab's ASGI app. ``max_chars`` caps the text; ``allowed_hosts`` are the Host names answered.
+
+    Example:
+        uvicorn.run(create_app(max_chars=300), host="127.0.0.1", port=8000)
+    """
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
+        raise ValueError(f"max_chars must be a positive int, got {max_chars!r}")
+    if isinstance(allowed_hosts, str) or not allowed_hosts or "*" in allowed_hosts:
+        raise ValueError(f"allowed_hosts must be a list of host names without '*', got {allowed_hosts!r}")
+    body_limit = 4 * max_chars + 4096        # JSON escapes and the other fields: generous, still bounded
+    app = FastAPI(title="attnlab lab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next):
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    @app.get("/api/models")
+    async def models():
+        return dict(models=list_models(), backends=backend_choices(), max_chars=max_chars)
+
+    @app.post("/api/attention")
+    async def attention(request: Request):
+        body = await _read_capped(request, body_limit)
+        if body is None:
+            return _error(413, f"request body over {body_limit} bytes: the text is capped at {max_chars} characters")
+        try:
+            req = AttentionRequest.model_validate_json(body)
+        except ValidationError as e:
+            return _error(422, _describe(e))
+        if not req.text.strip():
+            return _error(422, "the text is empty: type a sentence to see its attention")
+        if len(req.text) > max_chars:
+            return _error(413, f"the text is {len(req.text)} characters, over the cap of {max_chars}; shorten it")
+        if req.backend not in {b["name"] for b in backend_choices()}:
+            names = [b["name"] for b in backend_choices()]
+            return _error(422, f"unknown backend {req.backend!r}; choose from {names}")
+        try:
+            maps = await run_in_threadpool(attention_maps, req.model, req.text, layer=req.layer, head=req.head,
+                                           positional=req.positional, scale_factor=req.scale_factor,
+                                           backend=req.backend)
+        except UnknownModelError as e:
+            return _error(404, str(e))
+        except InputTooLongError as e:
+            return _error(413, str(e))
+        except (ValueError, TypeError) as e:
+            return _error(422, str(e))
+        return _payload(maps, req)
+
+    return app

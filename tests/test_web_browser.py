@@ -1,0 +1,149 @@
+"""The web lab end to end: headless Debian Chromium (driven by Python Playwright) loads the page, submits a
+sentence, and finds the heatmap drawn with L*L cells; errors from the API appear on the page.
+
+Chromium is the system's /usr/bin/chromium (the Makefile installs Debian's package where it is missing);
+never `playwright install`. Set ATTNLAB_WEB_SCREENSHOT=docs/img/web-lab.png to also save a screenshot
+of the page showing MiniLM's attention (how docs/img/web-lab.png is made).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+if not Path(CHROMIUM).is_file():
+    pytest.skip(f"{CHROMIUM} is missing (the Makefile installs Debian's chromium package)", allow_module_level=True)
+pytest.importorskip("fastapi", reason="the web lab needs fastapi")
+uvicorn = pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
+sync_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is not installed")
+
+from attnlab.lab.inspect import list_models  # noqa: E402
+from attnlab.web import create_app  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+TIMEOUT_MS = 20_000                     # a shared 2-core machine: generous, still bounded
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(max_chars=200), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start within 20 s")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1280, "height": 1000})
+        pg.set_default_timeout(TIMEOUT_MS)
+        outside: list[str] = []
+        pg.on("request", lambda req: None if req.url.startswith((server, "data:")) else outside.append(req.url))
+        pg.goto(server + "/")
+        pg.wait_for_selector("body[data-ready='1']")
+        yield pg
+        browser.close()
+        assert not outside, f"the page fetched from elsewhere: {outside}"
+
+
+def _show(page, text: str, model: str = "toy-encoder") -> None:
+    page.select_option("#model", model)
+    page.fill("#text", text)
+    page.click("#run")
+
+
+def test_submit_draws_the_heatmap(page):
+    _show(page, "the dog bit the man")
+    page.wait_for_selector("#heatmap[data-cells='25']")
+    assert page.locator("#heatmap rect.cell").count() == 25             # one cell per (query, key)
+    assert page.locator("#heatmap text.qlabel").all_text_contents() == ["the", "dog", "bit", "the", "man"]
+    assert page.locator("#heads .thumb").count() == 4                     # toy-encoder: 4 heads per layer
+    assert page.locator("#headview line.link").count() > 0
+    assert "max |Δ| vs reference" in page.text_content("#agreement")
+    assert page.is_hidden("#error")
+
+
+def test_longer_sentence_and_head_switch(page):
+    _show(page, "a b c d e f g")
+    page.wait_for_selector("#heatmap[data-cells='49']")
+    assert page.locator("#heatmap rect.cell").count() == 49
+    first = page.get_attribute("#heatmap rect.cell >> nth=1", "fill")
+    page.select_option("#head", "3")
+    page.wait_for_selector("#status:has-text('head 3')")     # (wait_for_function would need CSP's unsafe-eval)
+    assert page.locator("#heatmap rect.cell").count() == 49
+    assert page.get_attribute("#heatmap rect.cell >> nth=1", "fill") != first
+
+
+def _entropy(page) -> float:
+    return float(page.text_content("#entropy").split()[1])
+
+
+def test_knobs_rerun_the_model(page):
+    _show(page, "the dog bit the man")
+    page.select_option("#head", "0")
+    page.wait_for_selector("#status:has-text('head 0 · 5 tokens · scale ×1')")
+    base = _entropy(page)
+    page.locator("#scale").fill("3")                                    # 2^3: scores x8, a saturated softmax
+    page.wait_for_selector("#status:has-text('scale ×8')")
+    assert _entropy(page) < base
+    page.uncheck("#positional")
+    page.wait_for_selector("#status:has-text('positions off')")
+    page.select_option("#backend", "tiled")
+    page.wait_for_selector("#agreement:has-text('backend: tiled')")
+    assert float(page.text_content("#agreement").split("= ")[1]) < 1e-5
+    page.check("#positional")
+    page.locator("#scale").fill("0")
+    page.select_option("#backend", "auto")
+    page.wait_for_selector("#agreement:has-text('backend: auto')")
+
+
+def test_empty_text_shows_the_api_message(page):
+    _show(page, "")
+    page.wait_for_selector("#error:not([hidden])")
+    assert "empty" in page.text_content("#error")
+    _show(page, "the man bit the dog")                                   # recovers: error hidden again
+    page.wait_for_selector("#error", state="hidden")
+
+
+def test_text_over_the_cap_shows_the_message(page):
+    page.evaluate("document.querySelector('#text').removeAttribute('maxlength')")
+    _show(page, "word " * 60)
+    page.wait_for_selector("#error:not([hidden])")
+    assert "over the cap" in page.text_content("#error")
+
+
+@pytest.mark.skipif(not os.environ.get("ATTNLAB_WEB_SCREENSHOT"), reason="set ATTNLAB_WEB_SCREENSHOT=PATH to save one")
+def test_screenshot(page):
+    available = {m["name"] for m in list_models() if m["available"]}
+    model = "minilm" if "minilm" in available else "toy-encoder"
+    page.select_option("#model", model)
+    page.select_option("#layer", "5" if model == "minilm" else "0")     # MiniLM layer 5, head 4: "sat" -> "award"
+    _show(page, "The award, which was given for lifetime achievement, sat proudly on the shelf", model)
+    page.wait_for_selector("#heatmap rect.cell >> nth=100")
+    page.select_option("#head", "4" if model == "minilm" else "0")
+    page.wait_for_selector("#status:has-text('layer 5 · head 4')" if model == "minilm" else "#status:has-text('head 0')")
+    out = Path(os.environ["ATTNLAB_WEB_SCREENSHOT"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(out), full_page=True)
+    assert out.stat().st_size > 10_000
