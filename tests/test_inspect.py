@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from attnlab.data.tokenization import CharTokenizer
-from attnlab.lab.inspect import (InputTooLongError, UnknownModelError, attention_entropy, attention_maps,
+from attnlab.lab import inspect
+from attnlab.lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
                                  backend_choices, list_models, load_model, register_model)
 from attnlab.models import GPT, GPTConfig
 
@@ -140,6 +141,36 @@ def test_registered_gpt_is_causal_and_positions_switch_off():
     assert (off.weights - m.weights).abs().max() > 1e-4, "RoPE off should change the maps"
     assert load_model("test-gpt").attn_layers[0].positional is not None, "RoPE is restored after the call"
     assert [e for e in list_models() if e["name"] == "test-gpt"][0]["layers"] == 2
+
+
+def _tiny_gpt_checkpoint(path):
+    from attnlab.train.checkpoint import save_checkpoint
+    tok = CharTokenizer.train("hello world")
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=3, n_head=2, d_model=16)
+    torch.manual_seed(0)
+    save_checkpoint(path, 1, GPT(cfg), tokenizer_json=tok.to_json(), model_config=cfg.to_dict(), train_config={})
+
+
+def test_gpt_demo_appears_when_the_demo_checkpoint_exists(tmp_path, monkeypatch):
+    monkeypatch.setattr(inspect, "DEMO_GPT", tmp_path / "runs/demo/gpt")
+    monkeypatch.setattr(inspect, "_LOADED", {})
+    demo = lambda: [e for e in list_models() if e["name"] == "gpt-demo"][0]     # noqa: E731
+    assert not demo()["available"]
+    with pytest.raises(UnknownModelError, match="not available here"):
+        attention_maps("gpt-demo", "hello")
+    _tiny_gpt_checkpoint(inspect.DEMO_GPT)
+    assert demo()["available"]
+    m = attention_maps("gpt-demo", "hello", layer=2)
+    assert m.tokens == list("hello") and m.weights.shape == (1, 2, 5, 5)
+    assert demo()["layers"] == 3 and demo()["heads"] == 2
+
+
+def test_a_broken_checkpoint_is_a_load_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(inspect, "DEMO_GPT", tmp_path / "gpt")
+    monkeypatch.setattr(inspect, "_LOADED", {})
+    (tmp_path / "gpt").mkdir()                                  # the directory exists, the checkpoint does not
+    with pytest.raises(ModelLoadError, match="'gpt-demo' could not be loaded"):
+        attention_maps("gpt-demo", "hello")
 
 
 def test_register_model_rejects_path_like_names():

@@ -144,6 +144,14 @@ def test_host_header_check(host, ok):
     assert (r.status_code == 200) == ok
 
 
+def test_a_model_that_fails_to_load_is_a_503(client, tmp_path, monkeypatch):
+    from attnlab.lab import inspect
+    monkeypatch.setattr(inspect, "DEMO_GPT", tmp_path)           # exists, but holds no checkpoint
+    monkeypatch.setattr(inspect, "_LOADED", {})
+    r = post(client, model="gpt-demo")
+    assert r.status_code == 503 and "could not be loaded" in r.json()["detail"]
+
+
 def test_no_interactive_docs(client):
     assert client.get("/docs").status_code == 404 and client.get("/openapi.json").status_code == 404
 

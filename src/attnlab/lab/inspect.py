@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AttentionMaps", "InspectModel", "UnknownModelError", "InputTooLongError", "attention_maps",
+__all__ = ["AttentionMaps", "InspectModel", "UnknownModelError", "InputTooLongError", "ModelLoadError", "attention_maps",
            "attention_entropy", "list_models", "register_model", "load_model", "backend_choices",
            "DEMO_GPT", "MAX_TOKENS"]
 
@@ -55,6 +55,10 @@ class UnknownModelError(ValueError):
 
 class InputTooLongError(ValueError):
     """A text longer than the token cap."""
+
+
+class ModelLoadError(RuntimeError):
+    """A registered model whose files could not be loaded (a broken or half-written checkpoint)."""
 
 
 @dataclass
@@ -223,7 +227,10 @@ def load_model(name: str) -> InspectModel:
             why = "is not available here" if entry is not None else "is not a registered model"
             raise UnknownModelError(f"model {name!r} {why}; choose from {avail}")
         if name not in _LOADED:
-            _LOADED[name] = entry.loader()
+            try:
+                _LOADED[name] = entry.loader()
+            except Exception as e:         # any loader failure: one error type with the cause, nothing cached
+                raise ModelLoadError(f"model {name!r} could not be loaded: {type(e).__name__}: {e}") from e
         return _LOADED[name]
 
 

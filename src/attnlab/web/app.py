@@ -14,7 +14,8 @@ by path; the request body and the text are capped (413); the page loads nothing 
 origins (a Content-Security-Policy of 'self' says so to the browser).
 
 Errors are ``{"detail": message}``: 404 unknown model, 413 text over the cap (characters or
-tokens), 422 empty text, unknown layer, head or backend, malformed JSON.
+tokens), 422 empty text, unknown layer, head or backend, malformed JSON; 503 a registered model whose
+files fail to load (e.g. a half-written runs/demo/gpt).
 
 Example::
 
@@ -35,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationErr
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from ..lab.inspect import (InputTooLongError, UnknownModelError, attention_entropy, attention_maps,
+from ..lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
                            backend_choices, list_models, load_model)
 
 __all__ = ["create_app", "AttentionRequest", "DEFAULT_MAX_CHARS", "STATIC_DIR"]
@@ -151,6 +152,8 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
             return _error(404, str(e))
         except InputTooLongError as e:
             return _error(413, str(e))
+        except ModelLoadError as e:
+            return _error(503, str(e))
         except (ValueError, TypeError) as e:
             return _error(422, str(e))
         return _payload(maps, req)
