@@ -1,0 +1,256 @@
+"""The ``attnlab verify`` report: one self-contained HTML page, a JSON file and the PNGs beside it.
+
+The HTML needs nothing but a browser: inline CSS, figures inlined as ``data:image/png;base64``
+URIs, no script, no CDN, no network. Every piece of text that came from an experiment is escaped.
+The JSON holds everything the page shows except the PNG bytes; each figure is also written as
+``<claim id>.png`` next to it and named in the claim's ``figure_file``.
+
+Example::
+
+    paths = write_report(claims, "runs/verify", meta={"quick": True})
+    paths["html"], paths["json"]          # runs/verify/report.html, runs/verify/report.json
+    fig, ax = new_figure()                # an experiment's plot ...
+    claim.figure = png_bytes(fig)         # ... as PNG bytes (the figure is closed)
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from .claims import Claim
+
+__all__ = ["write_report", "render_html", "report_dict", "summary_text", "png_bytes", "new_figure", "jsonable",
+           "PNG_SIGNATURE"]
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HTML_NAME, JSON_NAME = "report.html", "report.json"
+
+_CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px; margin: 2em auto;
+       padding: 0 1em; color: #1d1d1f; }
+h1 { margin-bottom: .2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+table { border-collapse: collapse; width: 100%; margin: 1em 0; }
+th, td { border: 1px solid #ddd; padding: .35em .6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.badge { display: inline-block; padding: .05em .55em; border-radius: .8em; font-size: .8em; font-weight: 600;
+         color: #fff; vertical-align: middle; }
+.pass .badge, .badge.pass { background: #1a7f37; } .fail .badge, .badge.fail { background: #cf222e; }
+tr.fail td:first-child { border-left: 4px solid #cf222e; } tr.pass td:first-child { border-left: 4px solid #1a7f37; }
+.verdict { font-size: 1.15em; } code, pre { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
+pre { background: #f6f8fa; padding: .8em; overflow-x: auto; white-space: pre-wrap; }
+pre.error { background: #fff0f0; border: 1px solid #f3b9b9; }
+figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+.notes { color: #444; } .meta td:first-child { width: 14em; color: #555; }
+"""
+
+
+def png_bytes(fig: Any, dpi: int = 110) -> bytes:
+    """The matplotlib figure ``fig`` as PNG bytes; the figure is closed afterwards."""
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def new_figure(ncols: int = 1, *, width: float = 5.2, height: float = 3.6):
+    """(fig, axes) from matplotlib's Agg backend (no display needed): ``ncols`` panels side by side.
+
+    The layout is "constrained" (labels fit at draw time, in one pass: cheaper than bbox_inches="tight").
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt.subplots(1, ncols, figsize=(width * ncols, height), layout="constrained")
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` as plain JSON values: tensors/arrays to lists, scalars to numbers, NaN/inf to strings, paths to str."""
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)                 # strict JSON has no NaN/Infinity
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "tolist"):                                     # torch tensors, numpy arrays and scalars
+        return jsonable(x.tolist())
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return str(x)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def summary_text(claim: Claim, max_items: int = 4) -> str:
+    """The report table's "measured" cell: the claim's summary, or its scalar measurements."""
+    if claim.summary:
+        return claim.summary
+    if claim.error:
+        return "error: " + claim.error.strip().splitlines()[-1][:160]
+    items = [f"{k} = {_fmt(v)}" for k, v in claim.measurement.items()
+             if isinstance(v, (int, float, str, bool)) and len(_fmt(v)) <= 40][:max_items]
+    return "; ".join(items)
+
+
+def _file_stem(claim_id: str, taken: set[str]) -> str:
+    """A file name and HTML anchor for ``claim_id``: only [A-Za-z0-9._-], unique within the report."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", claim_id).strip("._") or "claim"
+    name, i = stem, 2
+    while name in taken:
+        name, i = f"{stem}-{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _is_png(data: Optional[bytes]) -> bool:
+    return isinstance(data, (bytes, bytearray)) and bytes(data[:8]) == PNG_SIGNATURE
+
+
+def report_dict(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> dict:
+    """What report.json holds: meta, the pass/fail counts and each claim without its PNG bytes."""
+    stems = stems or _stems(claims)
+    rows = []
+    for c, stem in zip(claims, stems):
+        d = asdict(c)
+        d.pop("figure")
+        d["figure_file"] = f"{stem}.png" if _is_png(c.figure) else None
+        d["summary"] = summary_text(c)
+        rows.append(jsonable(d))
+    passed = sum(bool(c.passed) for c in claims)
+    return {"meta": jsonable(meta or {}),
+            "summary": {"total": len(claims), "passed": passed, "failed": len(claims) - passed,
+                        "all_passed": passed == len(claims)},
+            "claims": rows}
+
+
+def _stems(claims: Sequence[Claim]) -> list[str]:
+    taken: set[str] = set()
+    return [_file_stem(c.id, taken) for c in claims]
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _badge(passed: bool) -> str:
+    return f'<span class="badge {"pass" if passed else "fail"}">{"PASS" if passed else "FAIL"}</span>'
+
+
+def _paragraphs(text: str) -> str:
+    return "".join(f"<p>{_e(p)}</p>" for p in text.split("\n\n") if p.strip())
+
+
+def _section(c: Claim, stem: str) -> str:
+    parts = [f'<section id="claim-{_e(stem)}" class="{"pass" if c.passed else "fail"}">',
+             f"<h2>{_e(c.title)} {_badge(c.passed)}</h2>",
+             f"<p><code>{_e(c.id)}</code> &middot; {c.seconds:.1f} s</p>",
+             f"<p><b>Claim.</b> {_e(c.statement)}</p>",
+             f"<p><b>Criterion.</b> {_e(c.criterion)}</p>"]
+    measured = summary_text(c)
+    if measured:
+        parts.append(f"<p><b>Measured.</b> {_e(measured)}</p>")
+    if c.figure is not None:
+        if _is_png(c.figure):
+            data = base64.b64encode(bytes(c.figure)).decode("ascii")
+            parts.append(f'<figure><img alt="{_e(c.title)}" src="data:image/png;base64,{data}"></figure>')
+        else:
+            parts.append("<p class=\"notes\">(the experiment's figure was not a PNG and is left out)</p>")
+    if c.notes:
+        parts.append(f'<div class="notes"><b>Notes.</b>{_paragraphs(c.notes)}</div>')
+    if c.error:
+        parts.append(f'<p><b>The experiment raised:</b></p><pre class="error">{_e(c.error)}</pre>')
+    if c.measurement:
+        body = json.dumps(jsonable(c.measurement), indent=1)
+        parts.append(f"<details><summary>all measurements (JSON)</summary><pre>{_e(body)}</pre></details>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _meta_table(meta: dict) -> str:
+    rows = []
+    for k, v in meta.items():
+        val = json.dumps(jsonable(v)) if isinstance(v, (dict, list, tuple)) else _fmt(v)
+        rows.append(f"<tr><td>{_e(k)}</td><td>{_e(val)}</td></tr>")
+    return f'<table class="meta">{"".join(rows)}</table>'
+
+
+def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> str:
+    """The whole report page as a string (summary table, a section per claim, machine metadata)."""
+    meta = meta or {}
+    stems = stems or _stems(claims)
+    passed = sum(bool(c.passed) for c in claims)
+    title = f"attnlab verify: {passed} of {len(claims)} claims pass"
+    rows = []
+    for c, stem in zip(claims, stems):
+        cls = "pass" if c.passed else "fail"
+        rows.append(f'<tr class="{cls}"><td><a href="#claim-{_e(stem)}">{_e(c.title)}</a><br><code>{_e(c.id)}'
+                    f"</code></td><td>{_e(c.criterion)}</td><td>{_e(summary_text(c))}</td><td>{_badge(c.passed)}"
+                    f'</td><td class="num">{c.seconds:.1f}</td></tr>')
+    verdict = ("every claim passed" if passed == len(claims) else
+               f"{len(claims) - passed} claim{'s' if len(claims) - passed != 1 else ''} failed")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="verdict">{_badge(passed == len(claims))} {_e(verdict)}'
+        + (f" &middot; {_e(_fmt(meta['total_seconds']))} s in all" if "total_seconds" in meta else "")
+        + (" &middot; quick mode (small sizes)" if meta.get("quick") else "") + "</p>",
+        "<p>Each claim of the theory of self-attention, checked on this machine: what was measured, the pass "
+        "criterion stated before measuring, and the result.</p>",
+        "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
+        "</tr></thead><tbody>", *rows, "</tbody></table>",
+        *[_section(c, s) for c, s in zip(claims, stems)],
+        "<h2>Machine and versions</h2>", _meta_table(meta),
+        "</body></html>", ""])
+
+
+def _write_atomic(path: Path, data: Union[str, bytes]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, str):
+        tmp.write_text(data, encoding="utf-8")
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)                      # a reader never sees half a report
+
+
+def write_report(claims: Sequence[Claim], out_dir: Union[str, os.PathLike], meta: Optional[dict] = None) -> dict:
+    """Write report.html, report.json and one ``<id>.png`` per figure into ``out_dir`` (created).
+
+    Args:
+        claims: the experiments' results, in report order.
+        out_dir: the directory to write to.
+        meta: machine, versions, options; shown at the end of the page and stored in the JSON.
+    Returns:
+        {"html": Path, "json": Path, "figures": [Path, ...]}.
+    """
+    if not all(isinstance(c, Claim) for c in claims):
+        bad = [type(c).__name__ for c in claims if not isinstance(c, Claim)]
+        raise TypeError(f"write_report takes Claim objects, got {bad}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stems = _stems(claims)
+    figures = []
+    for c, stem in zip(claims, stems):
+        if _is_png(c.figure):
+            figures.append(out / f"{stem}.png")
+            _write_atomic(figures[-1], bytes(c.figure))
+    _write_atomic(out / JSON_NAME, json.dumps(report_dict(claims, meta, stems), indent=1) + "\n")
+    _write_atomic(out / HTML_NAME, render_html(claims, meta, stems))
+    return {"html": out / HTML_NAME, "json": out / JSON_NAME, "figures": figures}

@@ -1,0 +1,283 @@
+"""attnlab verify: the runner (errors, --only, ids), the CLI's exit codes, and each experiment's criterion.
+
+The criteria are fed measurements that must fail as well as ones that must pass; the real
+experiments run in one slow test (quick mode).
+"""
+import argparse
+import json
+import logging
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from attnlab.cli_verify import add_verify
+from attnlab.lab import exp_basics as eb
+from attnlab.lab import exp_complexity as ec
+from attnlab.lab import verify
+from attnlab.lab.claims import Claim, VerifyContext
+
+
+# -- fakes --------------------------------------------------------------------------------------------
+def claim_always_true(ctx):
+    """A claim that holds."""
+    return Claim("always-true", "holds", statement="s", criterion="c", passed=True, measurement={"x": 1.0})
+
+
+def claim_always_false(ctx):
+    """A claim that fails its criterion."""
+    return Claim("always-false", "fails", statement="s", criterion="c", passed=False)
+
+
+def claim_boom(ctx):
+    """An experiment that crashes."""
+    raise RuntimeError("kaboom in the experiment")
+
+
+def claim_not_a_claim(ctx):
+    return {"passed": True}
+
+
+def claim_leaky(ctx):
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    return Claim("leaky", "t", statement="s", criterion="c", passed=1)
+
+
+def _entries(*fns, module="fake"):
+    return [verify.ClaimEntry(verify.claim_id(f), module, f) for f in fns]
+
+
+def _ctx(tmp_path, quick=True):
+    return VerifyContext(quick=quick, workdir=tmp_path)
+
+
+# -- runner -------------------------------------------------------------------------------------------
+def test_claim_id_from_name_or_attribute():
+    assert verify.claim_id(eb.claim_sqrt_dk_scaling) == "sqrt-dk-scaling"
+
+    def whatever(ctx):
+        pass
+    whatever.claim_id = "custom-id"
+    assert verify.claim_id(whatever) == "custom-id"
+
+
+def test_exception_becomes_a_failed_claim_and_the_rest_still_runs(tmp_path):
+    claims = verify.run_claims(_entries(claim_boom, claim_always_true, claim_not_a_claim), _ctx(tmp_path))
+    boom, ok, bad = claims
+    assert not boom.passed and "RuntimeError: kaboom in the experiment" in boom.error
+    assert boom.id == "boom" and boom.title == "An experiment that crashes." and "claim_boom" in boom.error
+    assert ok.passed and ok.error is None and ok.seconds >= 0
+    assert not bad.passed and "returned dict, not a Claim" in bad.error
+
+
+def test_global_state_restored_and_passed_is_a_bool(tmp_path):
+    (claim,) = verify.run_claims(_entries(claim_leaky), _ctx(tmp_path))
+    assert claim.passed is True
+    assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
+
+
+def test_each_claim_starts_from_the_seed(tmp_path):
+    draws = []
+
+    def claim_draw(ctx):
+        draws.append(torch.rand(()).item())
+        return Claim("draw", "t", statement="s", criterion="c", passed=True)
+    verify.run_claims(_entries(claim_draw, claim_draw), VerifyContext(True, tmp_path, seed=3))
+    assert draws[0] == draws[1]
+
+
+def test_only_selects_by_id_or_module_and_rejects_unknown_ids():
+    entries = _entries(claim_always_true, claim_always_false) + _entries(claim_boom, module="other")
+    assert [e.id for e in verify.select(entries, ["always-false"])] == ["always-false"]
+    assert [e.id for e in verify.select(entries, ["other", "always-true"])] == ["always-true", "boom"]
+    assert len(verify.select(entries, None)) == 3
+    with pytest.raises(verify.UnknownClaimError, match="unknown claim id 'nope'; choose from always-true"):
+        verify.select(entries, ["always-true", "nope"])
+
+
+def test_collect_skips_a_missing_module_and_reports_a_broken_one(monkeypatch, caplog):
+    broken = types.ModuleType("attnlab.lab.fake_broken")
+    broken.CLAIMS = "not a list"
+    good = types.ModuleType("attnlab.lab.fake_good")
+    good.CLAIMS = [claim_always_true]
+    monkeypatch.setitem(sys.modules, broken.__name__, broken)
+    monkeypatch.setitem(sys.modules, good.__name__, good)
+    monkeypatch.setattr(verify, "OPTIONAL_MODULES", {"fake_missing"})
+    with caplog.at_level(logging.WARNING, logger="attnlab.lab.verify"):
+        entries = verify.collect(["fake_missing", "fake_good", "fake_broken"])
+    assert "fake_missing is not there yet" in caplog.text
+    assert [(e.id, e.module) for e in entries] == [("always-true", "fake_good"), ("fake-broken-import", "fake_broken")]
+    claims = verify.run_claims(entries, VerifyContext(True, None))
+    assert claims[0].passed and not claims[1].passed and "CLAIMS must be a list" in claims[1].error
+    (required,) = verify.collect(["fake_missing_required"])     # missing and not optional: a failing claim
+    (claim,) = verify.run_claims([required], VerifyContext(True, None))
+    assert not claim.passed and "No module named 'attnlab.lab.fake_missing_required'" in claim.error
+
+
+def test_every_module_claim_has_a_unique_id():
+    entries = verify.collect(["exp_basics", "exp_complexity"])
+    ids = [e.id for e in entries]
+    assert len(ids) == len(set(ids)) == len(eb.CLAIMS) + len(ec.CLAIMS)
+    assert all(i == i.lower() and " " not in i and "_" not in i for i in ids)
+
+
+def test_run_verify_writes_the_report(tmp_path):
+    res = verify.run_verify(quick=True, only=["always-true", "boom"], out=str(tmp_path),
+                            entries=_entries(claim_always_true, claim_always_false, claim_boom))
+    assert [c.id for c in res.claims] == ["always-true", "boom"] and not res.all_passed
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["summary"]["failed"] == 1 and data["meta"]["quick"] is True and data["meta"]["torch"]
+    assert "kaboom" in (tmp_path / "report.html").read_text()
+
+
+# -- CLI ----------------------------------------------------------------------------------------------
+def _cli(argv, monkeypatch, entries):
+    monkeypatch.setattr(verify, "collect", lambda modules=None: entries)
+    p = argparse.ArgumentParser(prog="attnlab")
+    add_verify(p.add_subparsers(dest="cmd", required=True))
+    args = p.parse_args(argv)
+    args.argv = argv
+    return args.run(args)
+
+
+def test_cli_exit_codes_and_table(tmp_path, monkeypatch, capsys):
+    ok, bad = _entries(claim_always_true), _entries(claim_always_true, claim_always_false)
+    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, ok) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "always-true" in out and "x = 1" in out and str(tmp_path / "report.html") in out
+    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, bad) == 1
+    assert "FAIL   always-false" in capsys.readouterr().out
+    assert _cli(["verify", "--only", "always-true", "--out", str(tmp_path)], monkeypatch, bad) == 0
+    assert _cli(["verify", "--only", "nope", "--out", str(tmp_path)], monkeypatch, bad) == 2
+    assert "attnlab: error: unknown claim id 'nope'" in capsys.readouterr().err
+    assert _cli(["verify", "--list"], monkeypatch, bad) == 0
+    assert "always-false" in capsys.readouterr().out and not (tmp_path / "x").exists()
+
+
+def test_cli_help_states_the_exit_status(capsys):
+    p = argparse.ArgumentParser(prog="attnlab")
+    add_verify(p.add_subparsers(dest="cmd"))
+    with pytest.raises(SystemExit):
+        p.parse_args(["verify", "--help"])
+    text = capsys.readouterr().out
+    assert "0 when every claim passes, 1 when any fails" in text and "--quick" in text and "--only" in text
+
+
+# -- criteria of exp_basics ---------------------------------------------------------------------------
+def test_multiset_distance_counts_duplicates():
+    a = torch.tensor([[0.0, 1.0], [2.0, 3.0], [2.0, 3.0]], dtype=torch.float64)
+    assert eb.multiset_distance(a, a[[2, 0, 1]]) == 0.0
+    b = torch.tensor([[0.0, 1.0], [0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)       # same set, different multiset
+    assert eb.multiset_distance(a, b) == pytest.approx(math.hypot(2, 2))
+    assert eb.multiset_distance(a, a + torch.tensor([0.0, 1e-3])) == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="L=9 is too many"):
+        eb.multiset_distance(torch.zeros(9, 2), torch.zeros(9, 2))
+
+
+def test_equivariance_criterion_can_fail():
+    assert eb.judge_equivariance(4e-16, 0.3)
+    assert not eb.judge_equivariance(1e-6, 0.3)                   # order leaked in without PE
+    assert not eb.judge_equivariance(0.0, 1e-5)                   # PE changed nothing
+
+
+def test_sinusoid_values_criterion_can_fail():
+    closed = [eb._closed_form(p, 4) for p in (0, 1)]
+    assert closed[1][:2] == [math.sin(1), math.cos(1)]
+    assert eb.judge_sinusoid_values(closed, closed, 1e-6)
+    swapped = [closed[0], [closed[1][1], closed[1][0], *closed[1][2:]]]           # cos before sin
+    assert not eb.judge_sinusoid_values(swapped, closed, 1e-6)
+    assert not eb.judge_sinusoid_values([closed[0], [v + 1e-3 for v in closed[1]]], closed, 1e-6)
+
+
+def test_relative_position_criterion_can_fail():
+    good = {1: 1e-14, 5: 2e-14}
+    assert eb.judge_relative_position(good, good, 5.0, 3.0)
+    assert not eb.judge_relative_position({1: 1e-14, 5: 1e-6}, good, 5.0, 3.0)
+    assert not eb.judge_relative_position(good, {1: 1e-3}, 5.0, 3.0)
+    assert not eb.judge_relative_position(good, good, 1e-13, 3.0)  # the control passes too: the check is blind
+
+
+def test_softmax_saturation_matches_autograd():
+    s = torch.randn(3, 5, dtype=torch.float64)
+    ent, grad = eb.softmax_saturation(s)
+    for t in range(3):
+        jac = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s[t])      # (5, 5)
+        assert grad[t] == pytest.approx(jac.abs().max().item(), abs=1e-15)
+        p = torch.softmax(s[t], -1)
+        assert ent[t] == pytest.approx(-(p * p.log()).sum().item(), abs=1e-12)
+    ent, grad = eb.softmax_saturation(torch.tensor([[0.0, 0.0], [1e4, 0.0]], dtype=torch.float64))
+    assert ent[0] == pytest.approx(math.log(2)) and grad[0] == pytest.approx(0.25) and grad[1] == 0 == ent[1]
+
+
+def test_scaling_criterion_can_fail():
+    scaled_e, scaled_g = [3.68, 3.69, 3.67], [0.085, 0.086, 0.084]
+    assert eb.judge_scaling([1.4, 0.6, 0.12], scaled_e, [0.2, 0.1, 1e-4], scaled_g)["passed"]
+    assert not eb.judge_scaling([1.4, 1.3, 1.2], scaled_e, [0.2, 0.1, 1e-4], scaled_g)["passed"]   # no collapse
+    assert not eb.judge_scaling([1.4, 0.6, 0.12], scaled_e, [0.2, 0.1, 0.05], scaled_g)["passed"]  # grad alive
+    assert not eb.judge_scaling([1.4, 0.6, 0.12], [3.7, 3.0, 2.0], [0.2, 0.1, 1e-4], scaled_g)["passed"]
+
+
+def test_causal_criterion_can_fail():
+    blocks = torch.tensor([[1.0, 0.0, 0.0], [0.5, 2.0, 0.0], [0.1, 0.2, 0.3]], dtype=torch.float64)
+    assert eb._future_past(blocks) == {"future_max": 0.0, "past_min": 0.1}
+    leak = blocks.clone()
+    leak[0, 2] = 1e-30
+    assert eb._future_past(leak)["future_max"] == 1e-30
+    ok = {"reference": {"future_max": 0.0, "past_min": 0.1}, "tiled": {"skipped": "float64"}}
+    assert eb.judge_causal(ok, control_future=0.05)
+    assert not eb.judge_causal({**ok, "sdpa": {"future_max": 1e-30, "past_min": 0.1}}, 0.05)
+    assert not eb.judge_causal({"reference": {"future_max": 0.0, "past_min": 0.0}}, 0.05)   # nothing flows at all
+    assert not eb.judge_causal({"tiled": {"skipped": "x"}}, 0.05)                            # nothing ran
+    assert not eb.judge_causal(ok, control_future=0.0)                                       # blind measurement
+
+
+def test_flops_criterion_can_fail():
+    N, d = 64, 48
+    assert eb.mha_flops_formula(N, d) == 4 * 2 * N * d * d + 2 * (2 * N * N * d)
+    e = eb.mha_flops_formula(N, d)
+    assert eb.judge_flops({1: e, 4: e}, e)
+    assert not eb.judge_flops({1: e, 4: e + 2}, e) and not eb.judge_flops({}, e)
+
+
+def test_cheap_claims_pass_for_real(tmp_path):
+    for fn in (eb.claim_sinusoidal_values, eb.claim_sinusoidal_relative_position, eb.claim_permutation_equivariance):
+        c = fn(_ctx(tmp_path))
+        assert c.passed and c.id == verify.claim_id(fn), (c.id, c.summary)
+
+
+# -- criteria of exp_complexity -----------------------------------------------------------------------
+def test_increment_exponent_removes_the_constant():
+    ns = [1024, 2048, 4096, 8192]
+    assert ec.increment_exponent(ns, [5e7 + 3e3 * n for n in ns]) == pytest.approx(1.0)
+    assert ec.increment_exponent(ns, [1e6 + 7.0 * n * n for n in ns]) == pytest.approx(2.0)
+    assert ec.increment_exponent(ns, [10, 12, 11, 20]) is None                     # a shrinking step is noise
+    assert ec.increment_exponent(ns[:2], [1, 2]) is None
+
+
+def test_memory_criterion_can_fail():
+    assert ec.judge_memory(1.97, 1.0, 0.5)["passed"]
+    assert not ec.judge_memory(1.5, 1.0, 0.5)["passed"]
+    assert not ec.judge_memory(1.97, 1.9, 0.5)["passed"]          # tiled growing quadratically
+    assert not ec.judge_memory(1.97, 1.0, 1.6)["passed"]
+    assert not ec.judge_memory(None, 1.0, 0.5)["passed"]          # too few points measured
+
+
+def test_flops_scaling_criterion_can_fail():
+    exp = {128: 4, 256: 16}
+    assert ec.judge_flops_scaling(dict(exp), exp, 2.0)
+    assert not ec.judge_flops_scaling({128: 4, 256: 15}, exp, 2.0)
+    assert not ec.judge_flops_scaling(dict(exp), exp, 1.5) and not ec.judge_flops_scaling({}, {}, 2.0)
+
+
+@pytest.mark.slow
+def test_quick_run_of_every_claim_passes(tmp_path):
+    res = verify.run_verify(quick=True, out=str(tmp_path), modules=["exp_basics", "exp_complexity"])
+    assert len(res.claims) == len(eb.CLAIMS) + len(ec.CLAIMS)
+    failed = {c.id: c.error or c.summary for c in res.claims if not c.passed}
+    assert not failed, failed
+    ids = [verify.claim_id(f) for f in eb.CLAIMS + ec.CLAIMS]
+    assert [c.id for c in res.claims] == ids
+    assert all(c.figure is None or (tmp_path / f"{c.id}.png").exists() for c in res.claims)
