@@ -17,6 +17,7 @@ import torch
 
 from attnlab.data import prepare_lm_data
 from attnlab.models import GPTConfig
+from attnlab.tasks.lm import LMTask
 from attnlab.train import Trainer, TrainConfig, list_checkpoints, load_checkpoint
 from attnlab.train.distributed import DistContext, DistributedError, init_distributed
 
@@ -47,7 +48,8 @@ def _rank_main(rank: int, world: int, port: int, corpus: str, out: str, fault: s
     torch.set_num_threads(1)
     dist = init_distributed(timeout_s=timeout_s)
     data = prepare_lm_data(corpus, "char")
-    trainer = Trainer(*configs(data.tokenizer.vocab_size, Path(out) / "run"), data, progress=False, dist=dist)
+    mcfg, cfg = configs(data.tokenizer.vocab_size, Path(out) / "run")
+    trainer = Trainer(LMTask(mcfg, data), cfg, progress=False, dist=dist)
     real_step = trainer._train_step
 
     def faulty_step():
@@ -112,7 +114,8 @@ def params(run: Path) -> dict:
 
 def test_two_ranks_equal_one_process_with_the_global_batch(corpus, ddp_run, tmp_path):
     data = prepare_lm_data(corpus, "char")
-    single = Trainer(*configs(data.tokenizer.vocab_size, tmp_path), data, progress=False)
+    mcfg, cfg = configs(data.tokenizer.vocab_size, tmp_path)
+    single = Trainer(LMTask(mcfg, data), cfg, progress=False)
     losses = single.train(plot=False)
     ddp = params(ddp_run)
     for name, p in single.model.state_dict().items():

@@ -15,6 +15,7 @@ from attnlab.data import prepare_lm_data
 from attnlab.models import GPTConfig
 from attnlab.train import (CheckpointError, Trainer, TrainConfig, decay_groups, list_checkpoints, load_checkpoint,
                            load_gpt, lr_at)
+from attnlab.tasks.lm import LMTask
 from attnlab.train import checkpoint as ckpt_mod
 from attnlab.train import trainer as trainer_mod
 
@@ -33,7 +34,14 @@ def tiny_trainer(data, out, **over) -> Trainer:
                             dropout=0.1)                               # dropout: the torch RNG must resume too
     cfg = TrainConfig(**{**dict(steps=6, batch_size=4, grad_accum=2, lr=3e-3, warmup_steps=2, eval_interval=3,
                                 eval_iters=2, checkpoint_interval=100, out_dir=str(out)), **over})
-    return Trainer(mcfg, cfg, data, progress=False)
+    return Trainer(LMTask(mcfg, data), cfg, progress=False)
+
+
+def _resumable(path):
+    """(checkpoint, its task rebuilt from it): what Trainer.from_checkpoint takes."""
+    from attnlab.tasks import get_spec
+    ckpt = load_checkpoint(path)
+    return ckpt, get_spec("gpt").from_checkpoint(ckpt)
 
 
 def test_schedule_warmup_peak_cosine_end():
@@ -92,7 +100,7 @@ def test_stop_and_resume_gives_the_same_losses(data, tmp_path):
     head = first.train(max_steps=4, plot=False)
     torch.manual_seed(123)                                                     # resume must not depend on it
     (tmp_path / "split" / "metrics.jsonl").open("a").write(json.dumps({"step": 99, "loss": 0.0}) + "\n")
-    second = Trainer.from_checkpoint(load_checkpoint(tmp_path / "split"), data, progress=False)
+    second = Trainer.from_checkpoint(*_resumable(tmp_path / "split"), progress=False)
     tail = second.train(plot=False)
     assert len(losses) == 6 and head + tail == losses                          # bit-identical floats
     for (n, a), b in zip(whole.model.state_dict().items(), second.model.state_dict().values()):
@@ -140,7 +148,7 @@ def test_damaged_checkpoint_is_a_clear_error_and_the_previous_one_loads(two_chec
 def test_resuming_an_older_checkpoint_refuses_to_mix_histories(two_checkpoints, data):
     prev = list_checkpoints(two_checkpoints)[0]
     with pytest.raises(ValueError, match="newer than step 2 \\(step-000004\\).*move them away"):
-        Trainer.from_checkpoint(load_checkpoint(prev), data, progress=False)
+        Trainer.from_checkpoint(*_resumable(prev), progress=False)
 
 
 def test_interrupted_write_leaves_the_last_good_checkpoint(data, tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ context and nothing changes. Otherwise:
 Example::
 
     dist = init_distributed()                     # DistContext(rank=0, world_size=1) outside torchrun
-    trainer = Trainer(model_config, cfg, data, dist=dist)
+    trainer = Trainer(task, cfg, dist=dist)
     trainer.train()
     dist.shutdown()
 """

@@ -1,7 +1,8 @@
 """The run's metrics log (JSON lines) and its loss-curve picture.
 
 Each line of ``metrics.jsonl`` is one record: ``{"step", "loss", "lr", "tokens_per_s", "elapsed_s"}``
-after a training step, or ``{"step", "val_loss", "val_nats_per_char"}`` after an evaluation.
+after a training step ("examples_per_s" for tasks counted in examples), or ``{"step", "val_loss",
+...}`` after an evaluation, with the task's ``val_metrics`` (a language model's "val_nats_per_char").
 On resume from step k the records after k (written by the interrupted run after its last
 checkpoint) are dropped, so the log reads like one uninterrupted run.
 
@@ -18,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["MetricsLog", "plot_loss_curve"]
+__all__ = ["MetricsLog", "plot_loss_curve", "format_metrics"]
 
 
 class MetricsLog:
@@ -78,3 +79,10 @@ def plot_loss_curve(records: list[dict], path: Union[str, Path], title: str = ""
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def format_metrics(metrics: dict) -> str:
+    """``{"val_nats_per_char": 1.5, "exact_match": 0.99}`` -> ``"nats/char 1.5000, exact_match 0.9900"``."""
+    def label(k: str) -> str:
+        return k.removeprefix("val_").replace("_per_", "/")
+    return ", ".join(f"{label(k)} {v:.4f}" if isinstance(v, float) else f"{label(k)} {v}" for k, v in metrics.items())

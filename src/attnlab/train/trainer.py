@@ -1,6 +1,7 @@
-"""The GPT trainer: AdamW, warmup + cosine, clipping, accumulation, validation, checkpoints, resume.
+"""The trainer: AdamW, warmup + cosine, clipping, accumulation, validation, checkpoints, resume.
 
-One optimizer step = ``grad_accum`` micro-batches of (batch_size, block_size) tokens, each loss
+It trains any ``Task`` (``task.py``: the GPT language model, seq2seq, ViT, ...): the task builds
+the model and its batches, the trainer owns the loop. One optimizer step = ``grad_accum`` micro-batches (each ``batch_size`` rows), each loss
 divided by grad_accum before backward, then global-norm clipping, then AdamW at ``lr_at(step)``.
 Validation loss is the mean over ``eval_iters`` batches drawn once from the validation split
 (the same batches at every evaluation, so the curve is not sampling noise). Everything a step
@@ -12,13 +13,14 @@ exactly. The first Ctrl-C finishes the current step, checkpoints and stops. Unde
 Example::
 
     data = prepare_lm_data("docs", "char")
-    trainer = Trainer(GPTConfig.preset("nano", vocab_size=data.tokenizer.vocab_size),
-                      TrainConfig.for_preset("nano", out_dir="runs/a"), data)
+    task = LMTask(GPTConfig.preset("nano", vocab_size=data.tokenizer.vocab_size), data)
+    trainer = Trainer(task, TrainConfig.for_preset("nano", out_dir="runs/a"))
     trainer.train()                                        # runs/a: step-*/, metrics.jsonl, loss.png
-    trainer = Trainer.from_checkpoint(load_checkpoint("runs/a"), data, steps=1000)   # continue
+    trainer = Trainer.from_checkpoint(load_checkpoint("runs/a"), task, steps=1000)   # continue
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -31,14 +33,12 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from ..data.batches import BatchSampler
-from ..data.prepare import LMData
-from ..models import GPT, GPTConfig
 from .checkpoint import Checkpoint, list_checkpoints, save_checkpoint
 from .config import TrainConfig
 from .distributed import DistContext, QuietLog
-from .metrics import MetricsLog, plot_loss_curve
+from .metrics import MetricsLog, format_metrics, plot_loss_curve
 from .schedule import lr_at, make_optimizer
+from .task import Task
 
 __all__ = ["Trainer", "BF16_AUTO", "use_bf16"]
 
@@ -50,14 +50,17 @@ log = logging.getLogger(__name__)
 BF16_AUTO = False
 
 
+_RATE_KEY = {"tok": "tokens_per_s", "ex": "examples_per_s"}     # metrics.jsonl throughput field per task unit
+
+
 def use_bf16(setting: str) -> bool:
     return {"on": True, "off": False, "auto": BF16_AUTO}[setting]
 
 
 class Trainer:
-    """Trains a GPT on ``LMData``; ``train()`` runs to ``cfg.steps`` (or the time limit, or max_steps)."""
+    """Trains ``task``'s model on its batches; ``train()`` runs to ``cfg.steps`` (or the time limit, or max_steps)."""
 
-    def __init__(self, model_config: GPTConfig, cfg: TrainConfig, data: LMData, *, progress: bool = True,
+    def __init__(self, task: Task, cfg: TrainConfig, *, progress: bool = True,
                  checkpoint: Optional[Checkpoint] = None, dist: Optional[DistContext] = None):
         self.dist = dist or DistContext.current()
         self.dist.check_batch(cfg.batch_size)
@@ -70,27 +73,21 @@ class Trainer:
         if newer:
             raise ValueError(f"{self.out} holds checkpoints newer than step {checkpoint.step} ({', '.join(newer)}); "
                              "resuming would mix two histories: move them away (or resume from the latest)")
-        if data.tokenizer.vocab_size != model_config.vocab_size:
-            raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
-        if len(data.val_ids) < model_config.block_size + 1:
-            raise ValueError(f"the validation split has {len(data.val_ids)} tokens, fewer than block_size + 1 = "
-                             f"{model_config.block_size + 1}; use more text, a larger val fraction or a smaller block")
-        self.cfg, self.model_config, self.data = cfg, model_config, data
+        self.cfg, self.task = cfg, task
         self.progress = progress and self.dist.is_main
-        self.dist.check_same({"data": data.info, "tokenizer": data.tokenizer.to_json(), "train_config": cfg.to_dict(),
-                              "model_config": model_config.to_dict(), "resumed_from": here})
+        self.dist.check_same({"task": task.name, "data": task.info(), "tokenizer": task.tokenizer_json(),
+                              "train_config": cfg.to_dict(), "model_config": task.model_config(),
+                              "resumed_from": here})
         torch.manual_seed(cfg.seed)
-        self.model = GPT(model_config)
+        self.model = task.build_model()
         self.optimizer = make_optimizer(self.model, cfg)
         self.loss_fn = self.dist.loss_fn(self.model)            # model.loss, or through DDP (gradient averaging)
         self.dist.seed_rank_rng(cfg.seed)
-        T = model_config.block_size
-        self.sampler = BatchSampler(data.train_ids, T, cfg.batch_size, seed=cfg.seed)
-        val_sampler = BatchSampler(data.val_ids, T, cfg.batch_size, seed=cfg.seed + 1)
-        self.eval_batches = val_sampler.fixed_batches(cfg.eval_iters)     # the same batches at every evaluation
+        self.sampler = task.sampler(cfg.batch_size, cfg.seed)
+        self.eval_batches = task.eval_batches(cfg.batch_size, cfg.eval_iters, cfg.seed + 1)   # the same every time
         self.bf16 = use_bf16(cfg.bf16)
         self.step = 0
-        self.extra: dict = {"data": data.info}
+        self.extra: dict = {"task": task.name, "data": task.info()}
         if checkpoint is not None:
             self._restore(checkpoint)
         # time-budgeted: no step count given, or one sized from the budget before this resume
@@ -103,13 +100,16 @@ class Trainer:
         self.eval_total = 0.0                             # all evaluations' (time budgeting leaves them out)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, data: LMData, *, progress: bool = True,
+    def from_checkpoint(cls, ckpt: Checkpoint, task: Task, *, progress: bool = True,
                         dist: Optional[DistContext] = None, **overrides) -> "Trainer":
-        """Continue the run saved in ckpt; overrides change TrainConfig fields (e.g. steps, time_limit_min)."""
+        """Continue the run saved in ckpt (task rebuilt from it); overrides change TrainConfig fields."""
+        if json.loads(json.dumps(task.model_config())) != ckpt.model_config:
+            raise ValueError(f"the task's model config {task.model_config()} differs from the checkpoint's "
+                             f"{ckpt.model_config}; rebuild the task from the checkpoint (TaskSpec.from_checkpoint)")
         cfg = TrainConfig.from_dict({**ckpt.train_config, **overrides})
         if overrides.get("steps") is not None:                 # an explicit length ends time budgeting
             ckpt.extra.pop("calibration", None)
-        return cls(GPTConfig(**ckpt.model_config), cfg, data, progress=progress, checkpoint=ckpt, dist=dist)
+        return cls(task, cfg, progress=progress, checkpoint=ckpt, dist=dist)
 
     def _restore(self, ckpt: Checkpoint) -> None:
         self.model.load_state_dict(ckpt.model_state)
@@ -118,7 +118,7 @@ class Trainer:
         self.dist.restore_rng(ckpt.rng, self.cfg.seed, ckpt.step)
         self.sampler.set_state(ckpt.rng["batches"])
         self.step = ckpt.step
-        self.extra = {**ckpt.extra, "data": self.data.info}
+        self.extra = {**ckpt.extra, "task": self.task.name, "data": self.task.info()}
 
     # ---------------------------------------------------------------- pieces
     def _autocast(self):
@@ -133,12 +133,12 @@ class Trainer:
         self.model.train()
         total = 0.0
         for micro in range(cfg.grad_accum):
-            x, y = self.sampler.next()                                        # (B, T) each: the global batch
-            x, y = self.dist.shard(x), self.dist.shard(y)                     # (B / ranks, T): this rank's rows
+            batch = self.sampler.next()                                       # (B, ...) each: the global batch
+            batch = [self.dist.shard(t) for t in batch]                       # (B / ranks, ...): this rank's rows
             last = micro == cfg.grad_accum - 1
             with nullcontext() if last else self.dist.no_sync(self.loss_fn):   # DDP averages grads on the last
                 with self._autocast():
-                    loss = self.loss_fn(x, y)
+                    loss = self.loss_fn(*batch)
                 (loss / cfg.grad_accum).backward()
             total += loss.item()
         if cfg.grad_clip is not None:
@@ -150,22 +150,22 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean validation loss (nats / token) over the fixed validation batches."""
+        """Mean validation loss (the model's loss: nats / token for a language model) over the fixed batches."""
         t0 = time.perf_counter()
         self.model.eval()
         losses = []
-        for x, y in self.eval_batches:
+        for batch in self.eval_batches:
             with self._autocast():
-                losses.append(self.model.loss(self.dist.shard(x), self.dist.shard(y)).item())
+                losses.append(self.model.loss(*[self.dist.shard(t) for t in batch]).item())
         self.eval_seconds = time.perf_counter() - t0
         self.eval_total += self.eval_seconds
         return self.dist.mean(sum(losses) / len(losses))                 # equal shards: the global mean
 
     def _evaluate_and_log(self) -> float:
         val = self.evaluate()
-        per_char = val / self.data.val_chars_per_token
-        self.metrics.write({"step": self.step, "val_loss": val, "val_nats_per_char": per_char})
-        log.info("step %d: validation loss %.4f nats/token (%.4f nats/char)", self.step, val, per_char)
+        more = self.task.val_metrics(val)
+        self.metrics.write({"step": self.step, "val_loss": val, **more})
+        log.info("step %d: validation loss %.4f%s", self.step, val, f" ({format_metrics(more)})" if more else "")
         self.last_val, self.evaluated_step = val, self.step
         return val
 
@@ -174,8 +174,8 @@ class Trainer:
         if not self.dist.is_main:
             self.saved_step = self.step
             return self.out / f"step-{self.step:06d}"
-        path = save_checkpoint(self.out, self.step, self.model, tokenizer_json=self.data.tokenizer.to_json(),
-                               model_config=self.model_config.to_dict(), train_config=self.cfg.to_dict(),
+        path = save_checkpoint(self.out, self.step, self.model, tokenizer_json=self.task.tokenizer_json(),
+                               model_config=self.task.model_config(), train_config=self.cfg.to_dict(),
                                optimizer=self.optimizer, rng=rng, extra=self.extra, keep=self.cfg.keep_checkpoints)
         self.saved_step = self.step
         return path
@@ -217,7 +217,7 @@ class Trainer:
                 stop["why"] = "interrupted"
                 signal.signal(signal.SIGINT, old_handler)                     # a second Ctrl-C stops at once
             old_handler = signal.signal(signal.SIGINT, on_sigint)
-        tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model_config.block_size
+        units_per_step = self.task.units_per_batch(cfg.batch_size) * cfg.grad_accum   # tokens or examples
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         losses: list[float] = []
         win = None                                                 # (step, time, eval time) when timing began
@@ -248,7 +248,7 @@ class Trainer:
                 step_s = dt if step_s is None else 0.9 * step_s + 0.1 * dt
                 ema_loss = loss if ema_loss is None else 0.95 * ema_loss + 0.05 * loss
                 self.metrics.write({"step": self.step, "loss": loss, "lr": self._lr,
-                                    "tokens_per_s": tokens_per_step / dt,
+                                    _RATE_KEY.get(self.task.unit, f"{self.task.unit}_per_s"): units_per_step / dt,
                                     "elapsed_s": time.perf_counter() - t0})
                 if self.budgeted:                # size the schedule to the time left, again at every evaluation
                     now = time.perf_counter()
@@ -270,7 +270,7 @@ class Trainer:
                 bar.update(1)
                 val = f"{self.last_val:.3f}" if self.last_val is not None else "-"
                 bar.set_postfix(loss=f"{ema_loss:.3f}", val=val,
-                                tok_s=f"{tokens_per_step / step_s:.0f}", refresh=False)
+                                **{f"{self.task.unit}_s": f"{units_per_step / step_s:.0f}"}, refresh=False)
         finally:
             bar.close()
             if old_handler is not None and stop["why"] != "interrupted":
@@ -282,6 +282,10 @@ class Trainer:
             log.info("checkpoint %s", path)
         if plot and self.dist.is_main:
             plot_loss_curve(self.metrics.records(), self.out / "loss.png",
-                            title=f"GPT {self.model.num_params() / 1e6:.2f}M parameters on "
-                                  f"{self.data.info.get('name', '?')}")
+                            title=f"{self.task.name} {_num_params(self.model) / 1e6:.2f}M parameters "
+                                  f"{getattr(self.task, 'title', lambda: '')()}".rstrip())
         return losses
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,188 @@
+"""``attnlab train NAME`` and ``attnlab eval CHECKPOINT``: train any registered task, print its metric.
+
+    attnlab train gpt --data docs --preset micro                  # char-level, time-budgeted (see TRAIN_PRESETS)
+    attnlab train gpt --data stdlib --preset nano --tokenizer bpe --steps 300 --out runs/code
+    attnlab train gpt --out runs/code --resume --steps 600        # continue (same data, same schedule unless changed)
+    attnlab train seq2seq --task reversal                         # the other models of the theory (attnlab.tasks)
+    attnlab eval runs/seq2seq-reversal                            # the task metric of a saved model
+    torchrun --nproc_per_node=4 -m attnlab train gpt --preset mini --batch-size 64   # data-parallel, 16 rows each
+
+Every task takes the trainer's options (steps, time limit, batch size, learning rate, seed, output
+directory, resume...) and adds its own (``TaskSpec.add_arguments``). Under torchrun every process
+trains its slice of the global ``--batch-size``; only rank 0 writes (checkpoints, metrics, output)
+and the other ranks log warnings only (see ``train/distributed.py``).
+
+Results go to stdout, progress and warnings to stderr. Errors (unknown data path, a broken
+checkpoint, bad options) end with "attnlab: error: ..." and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cli_util import fail
+from .tasks import get_spec, task_names
+
+__all__ = ["add_train", "add_eval"]
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    """TrainConfig fields given explicitly on the command line."""
+    given = {"steps": args.steps, "time_limit_min": args.time_limit, "batch_size": args.batch_size, "lr": args.lr,
+             "grad_accum": args.grad_accum, "seed": args.seed, "bf16": args.bf16, "eval_interval": args.eval_interval,
+             "eval_iters": args.eval_iters, "checkpoint_interval": args.checkpoint_interval,
+             "warmup_steps": args.warmup}
+    over = {k: v for k, v in given.items() if v is not None}
+    if args.steps is not None and args.time_limit is None:
+        over["time_limit_min"] = None                       # an explicit step count replaces a time budget
+    return over
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from .train.distributed import DistributedError, init_distributed
+    try:
+        dist = init_distributed(timeout_s=args.dist_timeout)
+    except ValueError as e:
+        return fail(str(e))
+    if not dist.is_main:                                    # one voice: the other ranks only warn
+        logging.getLogger("attnlab").setLevel(logging.WARNING)
+    try:
+        code = _train(args, dist)
+        if code == 0:
+            dist.shutdown(synchronize=True)             # every rank done before any leaves
+        return code
+    except DistributedError as e:
+        return fail(str(e))
+    finally:
+        dist.shutdown()
+
+
+def _make_trainer(args: argparse.Namespace, spec, dist, say):
+    from .train import Trainer, TrainConfig, load_checkpoint
+    if args.resume:
+        if args.out is None:
+            raise ValueError("--resume needs --out DIR, the run directory to continue")
+        ckpt = load_checkpoint(args.out)
+        trained = ckpt.extra.get("task", "gpt")
+        if trained != spec.name:
+            raise ValueError(f"the run in {args.out} trained {trained!r}, not {spec.name!r}: "
+                             f"resume it with `attnlab train {trained} --out {args.out} --resume`")
+        info = ckpt.extra.get("data", {})
+        if getattr(args, "data", None) is not None and args.data != info.get("name"):
+            raise ValueError(f"the run in {args.out} was trained on {info.get('name')!r}, not {args.data!r}")
+        task = spec.from_checkpoint(ckpt)
+        trainer = Trainer.from_checkpoint(ckpt, task, progress=not args.no_progress, dist=dist, **_overrides(args))
+        say(f"resuming {ckpt.path} at step {ckpt.step}", file=sys.stderr)
+        return trainer
+    out = args.out or spec.run_dir(args)
+    cfg = TrainConfig(**{**spec.defaults_for(args), "out_dir": out, **_overrides(args)})
+    args.val_fraction = cfg.val_fraction
+    task = spec.from_args(args)
+    trainer = Trainer(task, cfg, progress=not args.no_progress, dist=dist)
+    n = sum(p.numel() for p in trainer.model.parameters())
+    say(f"training {spec.name} ({n / 1e6:.2f}M parameters) {_describe(task)} -> {out}", file=sys.stderr)
+    return trainer
+
+
+def _describe(task) -> str:
+    info = task.info()
+    if task.name == "gpt":
+        d = task.data
+        return (f"on {info.get('name')}: {len(d.train_ids):,} train / {len(d.val_ids):,} validation tokens, "
+                f"{d.tokenizer.vocab_size} token ids")
+    return "on " + ", ".join(f"{k}={v}" for k, v in info.items() if isinstance(v, (str, int, float)))
+
+
+def _train(args: argparse.Namespace, dist) -> int:
+    from .train import CheckpointError
+    from .train.metrics import format_metrics
+    say = print if dist.is_main else (lambda *a, **k: None)
+    spec = get_spec(args.model)
+    try:
+        trainer = _make_trainer(args, spec, dist, say)
+        trainer.train()
+        if not dist.is_main:
+            return 0
+        metric = trainer.task.evaluate(trainer.model)
+    except (ValueError, CheckpointError) as e:
+        return fail(str(e))
+    out = trainer.out
+    more = format_metrics(trainer.task.val_metrics(trainer.last_val))
+    print(f"step {trainer.step}: validation loss {trainer.last_val:.4f}" + (f" ({more})" if more else ""))
+    print(f"{spec.name} on held-out data: {format_metrics(metric)}")
+    print(f"checkpoint: {out / f'step-{trainer.saved_step:06d}'}; metrics: "
+          f"{out / 'metrics.jsonl'}; loss curve: {out / 'loss.png'}")
+    if trainer.cfg.steps is not None and trainer.step < trainer.cfg.steps:
+        print(f"stopped early; continue with: attnlab train {spec.name} --out {out} --resume")
+    if spec.name == "gpt":
+        print(f"sample: attnlab generate {out} --prompt 'The ' --max-new-tokens 200 --top-k 20")
+    else:
+        print(f"evaluate again: attnlab eval {out}")
+    return 0
+
+
+def _add_trainer_options(t: argparse.ArgumentParser) -> None:
+    g = t.add_argument_group("training (every model)")
+    g.add_argument("--steps", type=int, help="optimizer steps (replaces the default time budget)")
+    g.add_argument("--time-limit", type=float, metavar="MIN",
+                   help="stop after MIN minutes; without --steps the schedule is sized to fit")
+    g.add_argument("--batch-size", type=int,
+                   help="rows per micro-batch, in total: under torchrun it is split evenly over the processes")
+    g.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=float, help="peak learning rate")
+    g.add_argument("--warmup", type=int, help="warmup steps")
+    g.add_argument("--bf16", choices=["auto", "on", "off"], help="bfloat16 autocast (auto: off on CPU, measured)")
+    g.add_argument("--eval-interval", type=int)
+    g.add_argument("--eval-iters", type=int)
+    g.add_argument("--checkpoint-interval", type=int)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--out", help="run directory (default runs/NAME-...)")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--dist-timeout", type=float, default=300.0, metavar="SEC",
+                   help="under torchrun: fail (not hang) when another process is silent this long (default 300)")
+
+
+def add_train(sub) -> None:
+    t = sub.add_parser("train", help="train a model (gpt, seq2seq, vit, captioner, evoformer), with checkpoints",
+                       description="Train one of attnlab's models on its embedded data. Checkpoints are "
+                                   "safetensors + JSON, written atomically; --resume continues a run exactly.")
+    models = t.add_subparsers(dest="model", required=True, metavar="MODEL")
+    for name in task_names():
+        try:                                         # TEMPORARY while issue #6's task modules are written
+            spec = get_spec(name)
+        except ModuleNotFoundError:
+            continue
+        m = models.add_parser(name, help=spec.help.replace("%", "%%"), description=spec.help)  # help is %-formatted
+        spec.add_arguments(m)
+        _add_trainer_options(m)
+        m.set_defaults(run=_run_train)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from .tasks import load_model
+    from .train import CheckpointError
+    from .train.metrics import format_metrics
+    try:
+        model, task = load_model(args.checkpoint)
+        metric = task.evaluate(model)
+    except (ValueError, CheckpointError) as e:
+        return fail(str(e))
+    if args.json:
+        print(json.dumps({"task": task.name, **metric}))
+    else:
+        print(f"{task.name} on held-out data: {format_metrics(metric)}")
+    return 0
+
+
+def add_eval(sub) -> None:
+    e = sub.add_parser("eval", help="print the task metric of a trained model (exact match, accuracy, ...)",
+                       description="Load a checkpoint written by `attnlab train` and evaluate it on its task's "
+                                   "held-out data.")
+    e.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a step-NNNNNN directory")
+    e.add_argument("--json", action="store_true", help="print the metric as one JSON object")
+    e.set_defaults(run=_run_eval)

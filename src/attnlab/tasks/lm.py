@@ -1,0 +1,112 @@
+"""The language-model task: a GPT on a text corpus (next-token prediction), for the generic trainer.
+
+Batches are random windows of the token stream (``data.BatchSampler``); validation batches are
+drawn once from the held-out end of the stream; the metric is validation loss in nats per token
+and per character (comparable across tokenizers).
+
+Example::
+
+    data = prepare_lm_data("docs", "char")
+    task = LMTask(GPTConfig.preset("micro", vocab_size=data.tokenizer.vocab_size), data)
+    Trainer(task, TrainConfig.for_preset("micro", out_dir="runs/a")).train()
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..data.batches import BatchSampler
+from ..data.prepare import LMData
+from ..models import GPT, GPTConfig
+from ..train.config import TRAIN_PRESETS
+from ..train.task import TaskSpec
+
+__all__ = ["LMTask", "SPEC"]
+
+
+class LMTask:
+    name, unit = "gpt", "tok"
+
+    def __init__(self, model_config: GPTConfig, data: LMData):
+        if data.tokenizer.vocab_size != model_config.vocab_size:
+            raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
+        if len(data.val_ids) < model_config.block_size + 1:
+            raise ValueError(f"the validation split has {len(data.val_ids)} tokens, fewer than block_size + 1 = "
+                             f"{model_config.block_size + 1}; use more text, a larger val fraction or a smaller block")
+        self.config, self.data = model_config, data
+
+    def model_config(self) -> dict:
+        return self.config.to_dict()
+
+    def build_model(self) -> nn.Module:
+        return GPT(self.config)
+
+    def info(self) -> dict:
+        return self.data.info
+
+    def title(self) -> str:
+        return f"on {self.data.info.get('name', '?')}"
+
+    def tokenizer_json(self) -> Optional[str]:
+        return self.data.tokenizer.to_json()
+
+    def sampler(self, batch_size: int, seed: int) -> BatchSampler:
+        return BatchSampler(self.data.train_ids, self.config.block_size, batch_size, seed=seed)
+
+    def eval_batches(self, batch_size: int, n: int, seed: int) -> list:
+        return BatchSampler(self.data.val_ids, self.config.block_size, batch_size, seed=seed).fixed_batches(n)
+
+    def units_per_batch(self, batch_size: int) -> int:
+        return batch_size * self.config.block_size
+
+    def val_metrics(self, val_loss: float) -> dict:
+        return {"val_nats_per_char": val_loss / self.data.val_chars_per_token}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: int = 20, batch_size: int = 16) -> dict:
+        """Validation loss over ``batches`` fixed windows: nats/token, nats/char and perplexity."""
+        model.eval()
+        losses = [model.loss(x, y).item() for x, y in self.eval_batches(batch_size, batches, seed=12345)]
+        loss = sum(losses) / len(losses)
+        return {"val_loss": loss, **self.val_metrics(loss), "perplexity": math.exp(loss)}
+
+
+def _from_checkpoint(ckpt) -> LMTask:
+    from ..data.prepare import prepare_lm_data
+    from ..data.tokenization import tokenizer_from_json
+    info = ckpt.extra.get("data", {})
+    data = prepare_lm_data(info["name"], tokenizer_from_json(ckpt.tokenizer_json),
+                           val_fraction=ckpt.train_config["val_fraction"], expect_sha256=info.get("text_sha256"))
+    return LMTask(GPTConfig(**ckpt.model_config), data)
+
+
+def _from_args(args) -> LMTask:
+    from ..data.prepare import prepare_lm_data
+    data = prepare_lm_data(args.data or "docs", args.tokenizer, vocab_size=args.vocab_size,
+                           val_fraction=args.val_fraction)
+    over = {k: v for k, v in {"block_size": args.block_size, "dropout": args.dropout}.items() if v is not None}
+    return LMTask(GPTConfig.preset(args.preset, vocab_size=data.tokenizer.vocab_size, **over), data)
+
+
+def _add_arguments(t) -> None:
+    from ..models import PRESETS
+    t.add_argument("--data", help="docs | stdlib | PATH to a UTF-8 text file or a directory of them (default docs)")
+    t.add_argument("--preset", choices=sorted(PRESETS), default="micro",
+                   help="model size and training defaults (default micro: 4 layers, d=128, 14 min budget)")
+    t.add_argument("--tokenizer", choices=["char", "bpe"], default="char", help="characters, or byte-level BPE")
+    t.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size (default 512)")
+    t.add_argument("--block-size", type=int, help="context length (default: the preset's)")
+    t.add_argument("--dropout", type=float, help="dropout (default: the preset's, 0)")
+
+
+def _run_name(args) -> str:
+    from pathlib import Path
+    return f"gpt-{args.preset}-{Path(args.data or 'docs').name or 'data'}"
+
+
+SPEC = TaskSpec(name="gpt", help="a GPT language model on a text corpus (docs, stdlib or your files)",
+                add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
+                train_defaults=lambda args: TRAIN_PRESETS[args.preset], run_name=_run_name)
