@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# The main job (about 4 minutes): train a small GPT, sample with the KV cache, verify --quick, draw attention maps.
 demo: $(STAMP)
-	$(BIN)/attnlab bench --quick
+	$(BIN)/attnlab demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow"

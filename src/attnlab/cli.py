@@ -204,7 +204,8 @@ from .cli_lm import add_generate  # noqa: E402  (each command family lives in it
 from .cli_train import add_eval, add_train  # noqa: E402
 
 SUBCOMMANDS: list[Callable] = [_add_bench, add_train, add_eval, add_generate]
-_LAB_COMMANDS = [("attnlab.cli_verify", "add_verify"), ("attnlab.cli_show", "add_show"), ("attnlab.cli_serve", "add_serve")]
+_LAB_COMMANDS = [("attnlab.cli_verify", "add_verify"), ("attnlab.cli_show", "add_show"), ("attnlab.cli_serve", "add_serve"),
+                 ("attnlab.cli_demo", "add_demo")]
 for _mod, _fn in _LAB_COMMANDS:                     # TEMPORARY while issue #7's modules are written: skip absent ones
     try:
         SUBCOMMANDS.append(getattr(__import__(_mod, fromlist=[_fn]), _fn))
