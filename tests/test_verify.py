@@ -157,6 +157,18 @@ def test_cli_exit_codes_and_table(tmp_path, monkeypatch, capsys):
     assert "always-false" in capsys.readouterr().out and not (tmp_path / "x").exists()
 
 
+def test_attnlab_main_runs_verify(tmp_path, monkeypatch, capsys):
+    from attnlab import cli
+    if "verify" not in cli.build_parser()._subparsers._group_actions[0].choices:
+        pytest.skip("attnlab.cli does not register `verify` yet")
+    monkeypatch.setattr(verify, "collect", lambda modules=None: _entries(claim_always_true, claim_always_false))
+    assert cli.main(["verify", "--only", "always-true", "--out", str(tmp_path)]) == 0
+    assert cli.main(["verify", "--out", str(tmp_path)]) == 1
+    assert "1 of 2 claims pass" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "report.json").read_text())["meta"]
+    assert meta["command"] == f"attnlab verify --out {tmp_path}"
+
+
 def test_cli_help_states_the_exit_status(capsys):
     p = argparse.ArgumentParser(prog="attnlab")
     add_verify(p.add_subparsers(dest="cmd"))

@@ -356,8 +356,9 @@ def claim_multihead_flops(ctx: VerifyContext) -> Claim:
         criterion=f"torch.utils.flop_counter.FlopCounterMode over one forward (N={N}, d={d}, reference backend, "
                   f"h in {heads}) counts exactly 8Nd^2 + 4N^2d = {expected:,} FLOPs for every h",
         passed=judge_flops(counts, expected), measurement={"N": N, "d": d, "flops": counts, "formula": expected},
-        summary=f"{len(set(counts.values()))} distinct count(s) over h = {heads}: "
-                + ", ".join(f"{c:,}" for c in sorted(set(counts.values()))) + f" (formula {expected:,})",
+        summary=(f"{expected:,} FLOPs for every h in {heads} (= 8Nd^2 + 4N^2d)" if len(set(counts.values())) == 1
+                 else "h -> FLOPs: " + ", ".join(f"{h}: {c:,}" for h, c in counts.items())) +
+                ("" if set(counts.values()) == {expected} else f"; formula {expected:,}"),
         figure=png_bytes(fig),
         notes="Counted on the reference backend, whose matmuls FlopCounterMode sees; torch's fused CPU SDPA "
               "kernel is not in its table (it counts 0).")
