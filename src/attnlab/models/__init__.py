@@ -5,3 +5,5 @@ from .sampling import sample_next
 __all__ = ["GPT", "GPTConfig", "PRESETS", "sample_next"]
 from .encoder import ENCODER_PRESETS, Encoder, EncoderConfig  # noqa: E402
 __all__ += ["Encoder", "EncoderConfig", "ENCODER_PRESETS"]
+from .seq2seq import SEQ2SEQ_PRESETS, Seq2Seq, Seq2SeqConfig  # noqa: E402
+__all__ += ["Seq2Seq", "Seq2SeqConfig", "SEQ2SEQ_PRESETS"]

@@ -279,9 +279,9 @@ class Seq2Seq(nn.Module):
             if all(done) or t == T - 1:
                 break
             for self_cache, cross_cache in cache:
-                _select_rows(self_cache, rows_t)
+                self_cache.select(rows_t)
                 if t == 0:          # beams of one source share its memory keys: copied once, never reordered
-                    _select_rows(cross_cache, rows_t)
+                    cross_cache.select(rows_t)
             if t == 0:
                 mask = mask[rows_t]                                              # (B K, S)
             logp = self._next_log_probs(self.decode(hist[:, -1:], None, mask, cache=cache)[:, -1])  # (B K, V)
@@ -335,8 +335,3 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-def _select_rows(cache, rows: Tensor) -> None:
-    """Reorder (or copy) a KVCache's batch rows: row r of the result is old row rows[r]."""
-    cache.k, cache.v = cache.k[rows], cache.v[rows]

@@ -50,5 +50,15 @@ class KVCache:
         self.length += t
         return self.keys, self.values
 
+    def select(self, rows: Tensor) -> None:
+        """Reorder or copy batch rows in place: row r becomes old row ``rows[r]`` (beam search).
+
+        ``rows`` is an int64 (B',) index; B' may differ from B (e.g. B -> B * beam when beams
+        are created), and the capacity and filled length are kept.
+        """
+        if rows.dim() != 1:
+            raise ValueError(f"rows must be a 1-D index of batch rows, got shape {tuple(rows.shape)}")
+        self.k, self.v = self.k[rows], self.v[rows]                        # (B', Hkv, capacity, D)
+
     def reset(self) -> None:
         self.length = 0
