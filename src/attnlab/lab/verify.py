@@ -30,8 +30,6 @@ __all__ = ["MODULES", "ClaimEntry", "claim_id", "collect", "select", "run_one", 
 log = logging.getLogger(__name__)
 
 MODULES = ["exp_basics", "exp_complexity", "exp_sequential", "exp_longrange", "exp_pretrained"]
-# Modules another helper is still writing: a missing one is skipped with a warning, not an error.
-OPTIONAL_MODULES = {"exp_sequential", "exp_longrange", "exp_pretrained"}
 
 ClaimFn = Callable[[VerifyContext], Claim]
 
@@ -63,14 +61,7 @@ def claim_id(fn: Callable) -> str:
 
 
 def _import(name: str):
-    full = f"{__package__}.{name}"
-    try:
-        return importlib.import_module(full)
-    except ModuleNotFoundError as e:
-        if e.name == full and name in OPTIONAL_MODULES:
-            log.warning("verify: module %s is not there yet; its claims are skipped", full)
-            return None
-        raise
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 def _import_failed(name: str, exc: BaseException) -> ClaimEntry:
@@ -91,8 +82,6 @@ def collect(modules: Sequence[str] = tuple(MODULES)) -> list[ClaimEntry]:
         except Exception as e:                                   # broken module: report it, run the rest
             log.error("verify: importing %s failed: %s", name, e)
             entries.append(_import_failed(name, e))
-            continue
-        if mod is None:
             continue
         fns = getattr(mod, "CLAIMS", None)
         if not isinstance(fns, (list, tuple)) or not all(callable(f) for f in fns):
