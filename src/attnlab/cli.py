@@ -1,5 +1,6 @@
 """The ``attnlab`` command: one argparse subcommand per job (``attnlab --help`` lists them).
 
+    attnlab demo | train NAME | eval RUN | generate RUN | verify | show | serve   (their own cli_*.py modules)
     attnlab bench --quick                         # about a minute: the table, and bench-results/kernels.json
     attnlab bench --n 8192 --mask window documents --mode fwd --dtype float32
     attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
@@ -200,18 +201,14 @@ def _add_bench(sub) -> None:
     b.set_defaults(run=_run_bench)
 
 
-from .cli_lm import add_generate  # noqa: E402  (each command family lives in its own module)
+from .cli_demo import add_demo  # noqa: E402  (each command family lives in its own module)
+from .cli_lm import add_generate  # noqa: E402
+from .cli_serve import add_serve  # noqa: E402
+from .cli_show import add_show  # noqa: E402
 from .cli_train import add_eval, add_train  # noqa: E402
+from .cli_verify import add_verify  # noqa: E402
 
-SUBCOMMANDS: list[Callable] = [_add_bench, add_train, add_eval, add_generate]
-_LAB_COMMANDS = [("attnlab.cli_verify", "add_verify"), ("attnlab.cli_show", "add_show"), ("attnlab.cli_serve", "add_serve"),
-                 ("attnlab.cli_demo", "add_demo")]
-for _mod, _fn in _LAB_COMMANDS:                     # TEMPORARY while issue #7's modules are written: skip absent ones
-    try:
-        SUBCOMMANDS.append(getattr(__import__(_mod, fromlist=[_fn]), _fn))
-    except ModuleNotFoundError as _e:
-        if _e.name != _mod:
-            raise
+SUBCOMMANDS: list[Callable] = [add_demo, add_train, add_eval, add_generate, add_verify, add_show, add_serve, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
