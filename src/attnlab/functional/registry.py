@@ -59,8 +59,9 @@ def get_backend(name: str) -> Backend:
 
 
 def available_backends() -> list[str]:
-    """Names of the registered backends, e.g. ['reference', 'sdpa', 'tiled']."""
-    return sorted(_BACKENDS)
+    """Names of the registered backends that can run here, e.g. ['reference', 'sdpa', 'tiled']
+    (a backend whose function has ``available() -> False``, triton without a GPU, is left out)."""
+    return sorted(n for n, b in _BACKENDS.items() if getattr(b.fn, "available", lambda: True)())
 
 
 def all_backends() -> list[Backend]:
