@@ -185,6 +185,6 @@ SPEC = TaskSpec(
     from_args=_from_args,
     from_checkpoint=_from_checkpoint,
     run_name=lambda args: f"evoformer-{args.kind}",        # runs/evoformer-axial, runs/evoformer-flat
-    train_defaults=dict(steps=None, time_limit_min=3.5, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=50,
+    train_defaults=dict(steps=None, time_limit_min=4.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=50,
                         weight_decay=0.01, eval_interval=100, eval_iters=4, checkpoint_interval=500),
 )
