@@ -8,6 +8,7 @@
     attnlab bench --favor-accuracy [--quick]      # FAVOR+ error vs number of random features, PNG plot
     attnlab bench --minilm [--quick]              # all-MiniLM-L6-v2 forward: attnlab backends vs transformers
     attnlab bench --lm [--quick]                  # GPT training tokens/s vs nanoGPT; KV-cache generation
+    attnlab bench --device cuda [--quick]         # on a GPU: the triton kernel vs SDPA flash and FlexAttention
 
 Adding a subcommand: write ``_add_<name>(sub)`` that builds its parser and sets ``run=``, and
 list it in ``SUBCOMMANDS``. Progress goes to stderr (through ``logging``), results to stdout.
@@ -19,6 +20,8 @@ import logging
 import sys
 import time
 from typing import Callable, Optional
+
+from .cli_util import fail
 
 from .functional import available_backends
 
@@ -112,12 +115,22 @@ def _minilm(args: argparse.Namespace):
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    try:
+        return _bench(args)
+    except ValueError as e:                       # bad options or a missing device: a message, not a traceback
+        return fail(str(e))
+
+
+def _bench(args: argparse.Namespace) -> int:
     from .bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
     from .bench.scaling import ScalingConfig
     argv = args.argv
     t0 = time.perf_counter()
     plots: list[str] = []
-    if args.minilm:
+    if args.device == "cuda":
+        from .bench.gpu import from_cli
+        report, text, path, plots = from_cli(args)
+    elif args.minilm:
         report, text, path, plots = _minilm(args)
     elif args.lm:
         report, text, path, plots = _lm(args)
@@ -193,6 +206,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--run-budget-s", type=float,
                    help="--complexity: skip a point whose single run is predicted above this (default 30)")
     b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the GPU benchmark instead: triton vs SDPA (flash) and FlexAttention, TFLOP/s and %% of "
+                        "the bf16 matmul peak (--quick: the scripts/gpu_check.sh preset; JSON: bench-results/gpu.json)")
     b.add_argument("--json", metavar="PATH",
                    help=f"where to write the results (default {DEFAULT_KERNELS_JSON}, "
                         f"{DEFAULT_SCALING_JSON} with --memory-scaling, {DEFAULT_COMPLEXITY_JSON} with "

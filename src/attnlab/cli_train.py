@@ -99,7 +99,7 @@ def _train(args: argparse.Namespace, dist) -> int:
     from .train import CheckpointError
     from .train.metrics import format_metrics
     say = print if dist.is_main else (lambda *a, **k: None)
-    spec = get_spec(args.model)
+    spec = get_spec(args.task_name)
     try:
         trainer = _make_trainer(args, spec, dist, say)
         trainer.train()
@@ -149,12 +149,10 @@ def add_train(sub) -> None:
     t = sub.add_parser("train", help="train a model (gpt, seq2seq, vit, captioner, evoformer), with checkpoints",
                        description="Train one of attnlab's models on its embedded data. Checkpoints are "
                                    "safetensors + JSON, written atomically; --resume continues a run exactly.")
-    models = t.add_subparsers(dest="model", required=True, metavar="MODEL")
+    # dest is not "model": a task may have its own --model option (evoformer's axial | flat)
+    models = t.add_subparsers(dest="task_name", required=True, metavar="MODEL")
     for name in task_names():
-        try:                                         # TEMPORARY while issue #6's task modules are written
-            spec = get_spec(name)
-        except ModuleNotFoundError:
-            continue
+        spec = get_spec(name)
         m = models.add_parser(name, help=spec.help.replace("%", "%%"), description=spec.help)  # help is %-formatted
         spec.add_arguments(m)
         _add_trainer_options(m)

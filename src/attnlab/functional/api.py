@@ -54,6 +54,11 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
     """(backend name, reason) for the fastest exact backend that honours ``req``."""
     _, _, _, L, S, _, _ = req.shape
     runnable = {b.name for b, why in _candidates(req) if why is None}
+    if "triton" in runnable:                       # only where triton and CUDA are there (never on the CPU)
+        from .backends.triton_attn import prefer_triton
+        why = prefer_triton(req)
+        if why is not None:
+            return "triton", why
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     if sdpa_ok and plain:
@@ -156,6 +161,8 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
                 " (SDPA computes every pair, and needs the dense mask/bias)" if b.name == "sdpa" else
                 " (materializes the (B, H, L, S) scores)" if b.name == "reference" else
                 " (measured faster than tiled only on scattered block layouts from n = 8192)"
-                if b.name == "sparse" else "")
+                if b.name == "sparse" else
+                " (auto prefers it only on CUDA with a mask or bias; rule not yet measured on a GPU)"
+                if b.name == "triton" else "")
         lines.append(f"  not {b.name}: {why}")
     return "\n".join(lines)

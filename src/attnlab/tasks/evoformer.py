@@ -77,6 +77,7 @@ class EvoformerTask:
 
     name = "evoformer"
     unit = "ex"
+    loss_label = "binary cross-entropy (nats / column pair)"
 
     def __init__(self, data: Optional[PairTaskConfig] = None, model: Optional[EvoformerConfig] = None, *,
                  eval_samples: int = 512):

@@ -29,6 +29,7 @@ __all__ = ["LMTask", "SPEC"]
 
 class LMTask:
     name, unit = "gpt", "tok"
+    loss_label = "cross-entropy (nats / token)"
 
     def __init__(self, model_config: GPTConfig, data: LMData):
         if data.tokenizer.vocab_size != model_config.vocab_size:

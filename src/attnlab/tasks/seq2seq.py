@@ -70,6 +70,7 @@ class Seq2SeqTask:
     """A ``Task`` (train/task.py): a ``Seq2Seq`` model on one generated task."""
     name = "seq2seq"
     unit = "ex"
+    loss_label = "cross-entropy (nats / target token)"
 
     def __init__(self, data: GeneratedTask, cfg: Optional[Seq2SeqConfig] = None, *, beam: int = 1,
                  length_penalty: float = 1.0, eval_examples: int = 500):

@@ -47,7 +47,8 @@ class MetricsLog:
         return out
 
 
-def plot_loss_curve(records: list[dict], path: Union[str, Path], title: str = "") -> Path:
+def plot_loss_curve(records: list[dict], path: Union[str, Path], title: str = "",
+                    ylabel: str = "cross-entropy (nats / token)") -> Path:
     """Training loss (raw and smoothed) and validation loss against step, as a PNG."""
     import matplotlib
     matplotlib.use("Agg")
@@ -68,7 +69,7 @@ def plot_loss_curve(records: list[dict], path: Union[str, Path], title: str = ""
         ax.plot(steps, losses, "o-", color="tab:orange", ms=3, label="validation")
         ax.annotate(f"{losses[-1]:.3f}", (steps[-1], losses[-1]), textcoords="offset points", xytext=(4, 6))
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title or "loss")
     ax.grid(alpha=0.3)
     ax.legend()

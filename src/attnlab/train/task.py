@@ -12,6 +12,8 @@ model- or data-specific:
 - ``eval_batches(batch_size, n, seed)``: fixed validation batches (the same at every evaluation);
 - ``evaluate(model)``: the task metric on held-out data (exact match, accuracy...), a dict of floats.
 
+Optional: ``title()`` (the loss plot's title after the model size) and ``loss_label`` (its y axis).
+
 Tasks with generated data draw each batch from a seeded ``torch.Generator`` (``DrawSampler``),
 so the data are reproducible, resumable and never stored.
 

@@ -283,7 +283,8 @@ class Trainer:
         if plot and self.dist.is_main:
             plot_loss_curve(self.metrics.records(), self.out / "loss.png",
                             title=f"{self.task.name} {_num_params(self.model) / 1e6:.2f}M parameters "
-                                  f"{getattr(self.task, 'title', lambda: '')()}".rstrip())
+                                  f"{getattr(self.task, 'title', lambda: '')()}".rstrip(),
+                            ylabel=getattr(self.task, "loss_label", "training loss (the model's loss)"))
         return losses
 
 
