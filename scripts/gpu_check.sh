@@ -22,13 +22,5 @@ timeout 150 "$PY" -m pytest -q -x -n 8 -m "not slow" -p no:cacheprovider tests/t
 
 echo "== 2/2 benchmark (quick preset)"
 mkdir -p bench-results
-timeout 240 "$PY" - <<'PYEOF'
-import logging, sys
-from attnlab.bench.gpu import GPU_QUICK, GpuBenchConfig, format_gpu_table, run_gpu_bench
-from attnlab.bench.report import write_json
-logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-report = run_gpu_bench(GpuBenchConfig(**GPU_QUICK), ["bench", "--device", "cuda", "--quick"])
-write_json(report, "bench-results/gpu.json")
-print(format_gpu_table(report), end="")
-PYEOF
+timeout 240 "$PY" -m attnlab bench --device cuda --quick --json bench-results/gpu.json
 echo "== done in $(( $(date +%s) - START )) s; results in bench-results/gpu.json"
