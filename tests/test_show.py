@@ -315,3 +315,101 @@ def test_cli_checkpoint_errors(tmp_path, capsys):
     _tiny_gpt_checkpoint(tmp_path / "bad", positional="bogus")  # verifies, but cannot build a GPT
     assert _show(["--checkpoint", str(tmp_path / "bad"), "--text", "hi"]) == 2
     assert "could not be loaded" in capsys.readouterr().err
+
+
+# -- checkpoints of the other models (issue #6) -----------------------------------------------------------
+def _task_checkpoint(path, task):
+    from attnlab.train.checkpoint import save_checkpoint
+    torch.manual_seed(0)
+    return save_checkpoint(path, 1, task.build_model(), tokenizer_json=task.tokenizer_json() or "",
+                           model_config=task.model_config(), train_config={},
+                           extra={"task": task.name, "data": task.info()})
+
+
+def _spy(monkeypatch, name):
+    """Record the arguments of attnlab.lab.heatmaps.<name> (the CLI imports it at call time) and still draw."""
+    import attnlab.lab.heatmaps as hm
+    calls, real = [], getattr(hm, name)
+    monkeypatch.setattr(hm, name, lambda *a, **k: calls.append((a, k)) or real(*a, **k))
+    return calls
+
+
+def test_cli_vit_checkpoint_draws_cls_attention_over_the_test_image(tmp_path, capsys, monkeypatch):
+    from attnlab.models.vit import ViTConfig
+    from attnlab.tasks import load_model
+    from attnlab.tasks.vit import ViTTask
+    _task_checkpoint(tmp_path / "vit", ViTTask(ViTConfig.preset("digits", n_layers=2, d_model=16, n_heads=2)))
+    calls = _spy(monkeypatch, "patch_attention")
+    assert _show(["--checkpoint", str(tmp_path / "vit"), "--image-index", "3", "--out", str(tmp_path / "o")]) == 0
+    names = [p.rsplit("/", 1)[1] for p in capsys.readouterr().out.split()]
+    assert names == ["ckpt-vit-image3-layer0.png", "ckpt-vit-image3-layer1.png", "ckpt-vit-image3-rollout.png"]
+    # independently: the [CLS] row of each layer's captured weights, without its own column, renormalised
+    model, task = load_model(tmp_path / "vit")
+    x = task.data.normalize(task.data.test_x[3:4])                 # upsample 1: the digits as they are
+    cap: list = []
+    with torch.no_grad():
+        model.encode(x, capture=cap)
+    for layer, (args, kwargs) in enumerate(calls[:2]):
+        image, attn, grid = args
+        cls = cap[layer].weights[0, :, 0, 1:]                      # (heads, N)
+        np.testing.assert_allclose(np.asarray(attn), (cls / cls.sum(-1, keepdim=True)).numpy(), atol=1e-6)
+        assert tuple(grid) == (4, 4) and torch.equal(torch.as_tensor(image), task.data.test_x[3])
+
+
+def test_cli_vit_checkpoint_errors(tmp_path, capsys):
+    from attnlab.models.vit import ViTConfig
+    from attnlab.tasks.vit import ViTTask
+    _task_checkpoint(tmp_path / "vit", ViTTask(ViTConfig.preset("digits", n_layers=1, d_model=16, n_heads=2)))
+    for argv, message in ((["--image-index", "100000"], "test image index 100000 is out of range"),
+                          (["--text", "hi"], "--text is not used by vit"),
+                          (["--head", "2"], "head 2 does not exist")):
+        assert _show(["--checkpoint", str(tmp_path / "vit"), *argv, "--out", str(tmp_path / "o")]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_cli_captioner_checkpoint_draws_where_each_generated_word_looked(tmp_path, capsys, monkeypatch):
+    from attnlab.data.scenes import EOS, VOCAB
+    from attnlab.tasks import load_model
+    from attnlab.tasks.captioner import CaptionerTask, default_config
+    _task_checkpoint(tmp_path / "cap", CaptionerTask(default_config(vit_layers=1, layers=2, d_model=16, heads=2)))
+    calls = _spy(monkeypatch, "cross_attention")
+    argv = ["--checkpoint", str(tmp_path / "cap"), "--image-index", "5", "--out", str(tmp_path / "o")]
+    assert _show(argv) == 0
+    names = [p.rsplit("/", 1)[1] for p in capsys.readouterr().out.split()]
+    assert names == ["ckpt-cap-scene5-layer0.png", "ckpt-cap-scene5-layer1.png"]
+    # independently: caption the same scene and read the cross-attention back teacher-forced
+    model, task = load_model(tmp_path / "cap")
+    image, x, _ = task.test_example(5)
+    ids = model.caption(x)[0].tolist()
+    T = ids.index(EOS) + 1 if EOS in ids else len(ids)
+    tgt_in = torch.tensor([[1] + ids[:T - 1]])                     # BOS, then the generated words
+    forced = model.cross_attention(x, tgt_in)[0]                    # (layers, heads, T, S)
+    for layer, (args, kwargs) in enumerate(calls):
+        weights, labels = args
+        assert labels == [VOCAB[t] for t in ids[:T]] and tuple(kwargs["grid"]) == (4, 4)
+        np.testing.assert_allclose(np.asarray(weights), forced[layer].numpy(), atol=1e-5)
+        assert torch.equal(torch.as_tensor(kwargs["image"]), image)
+    assert _show(["--checkpoint", str(tmp_path / "cap"), "--source", "x", "--out", str(tmp_path / "o")]) == 2
+    assert "--source is not used by captioner" in capsys.readouterr().err
+
+
+def test_cli_seq2seq_checkpoint_draws_cross_attention(tmp_path, capsys, monkeypatch):
+    from attnlab.data.seq2seq_tasks import make_task
+    from attnlab.tasks import load_model
+    from attnlab.tasks.seq2seq import Seq2SeqTask, default_config
+    data = make_task("reversal", n_symbols=6, min_len=2, max_len=6)
+    _task_checkpoint(tmp_path / "s2s", Seq2SeqTask(data, default_config(data, d_model=16, n_heads=2)))
+    calls = _spy(monkeypatch, "cross_attention")
+    argv = ["--checkpoint", str(tmp_path / "s2s"), "--source", "abc", "--layer", "1", "--head", "0"]
+    assert _show(argv + ["--out", str(tmp_path / "o")]) == 0
+    names = [p.rsplit("/", 1)[1] for p in capsys.readouterr().out.split()]
+    assert names == ["ckpt-s2s-cross-layer1.png", "ckpt-s2s-cross-layer1-head0.png"]
+    (weights, out_labels, src_labels), _ = calls[0]
+    assert src_labels == ["a", "b", "c", "<eos>"]
+    model, task = load_model(tmp_path / "s2s")
+    out = model.greedy(torch.tensor([task.data.vocab.encode("abc") + [2]]))[0].tolist()   # 2 = EOS
+    assert out_labels == [task.data.vocab.tokens[t] for t in out[:len(out_labels)]]
+    assert weights.shape == (2, len(out_labels), 4)                # (heads, output tokens, source tokens)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert _show(["--checkpoint", str(tmp_path / "s2s"), "--out", str(tmp_path / "o")]) == 2
+    assert "--source is required" in capsys.readouterr().err

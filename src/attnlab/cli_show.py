@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -75,6 +74,11 @@ def show_text(name: str, text: str, *, layer: Optional[int] = None, head: Option
     return written
 
 
+def _stem(checkpoint) -> str:
+    """``ckpt-<run directory name>``: a file prefix, and a valid registered model name."""
+    return ("ckpt-" + _STEM_CHARS.sub("-", Path(checkpoint).resolve().name).strip("-"))[:64]
+
+
 def _checkpoint_kind(path: str) -> str:
     """The task that wrote the checkpoint at ``path`` (GPT checkpoints from before tasks have none)."""
     from .train.checkpoint import load_checkpoint
@@ -86,7 +90,7 @@ def _show_gpt_checkpoint(args: argparse.Namespace) -> list[Path]:
     from .train.checkpoint import load_gpt
     ckpt = Path(args.checkpoint)
     # a registered name, so the checkpoint gets the same tokenizing, caps and checks as the built-in models
-    name = ("ckpt-" + _STEM_CHARS.sub("-", ckpt.resolve().name).strip("-"))[:64]
+    name = _stem(ckpt)
     register_model(name, lambda: load_gpt(ckpt), description=f"GPT checkpoint {ckpt}")
     return _show_named(args, name)
 
@@ -100,9 +104,119 @@ def _show_named(args: argparse.Namespace, name: str) -> list[Path]:
     return show_text(name, args.text, layer=args.layer, head=args.head, out=args.out, fmt=args.format)
 
 
+def _pick(value: Optional[int], n: int, what: str) -> list[int]:
+    if value is None:
+        return list(range(n))
+    if not 0 <= value < n:
+        raise ValueError(f"{what} {value} does not exist: the model has {n} {what}s, numbered 0..{n - 1}")
+    return [value]
+
+
+def _unused(args: argparse.Namespace, kind: str, *flags: str) -> None:
+    """Reject options that mean nothing for this kind of checkpoint (rather than silently ignoring them)."""
+    for flag in flags:
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
+            raise ValueError(f"{flag} is not used by {kind} checkpoints")
+
+
+def _show_vit(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
+    """Per layer, where the pooled output ([CLS], or the mean of all queries) looks in test image N; rollout."""
+    import torch
+
+    from .lab.heatmaps import patch_attention, save
+    _unused(args, "vit", "--text", "--source")
+    i = args.image_index or 0
+    raw, x, label = task.test_example(i)                              # (C, H, W) pixels; (1, C, H', W') model input
+    with torch.no_grad():
+        pred = int(model(x).argmax(-1))
+    maps = model.attention_maps(x)[0]                                 # (layers, heads, gh, gw)
+    layers, heads = _pick(args.layer, maps.shape[0], "layer"), _pick(args.head, maps.shape[1], "head")
+    grid = tuple(maps.shape[-2:])
+    who = "[CLS]" if model.cfg.pooling == "cls" else "the mean query"
+    about = f"test image {i}: digit {label}, predicted {pred}"
+    out, written = Path(args.out), []
+    for layer in layers:
+        fig = patch_attention(raw, maps[layer, heads].flatten(1), grid, head_names=[f"head {h}" for h in heads],
+                              title=f"ViT layer {layer}: where {who} looks; {about}")
+        written.append(save(fig, _file(out, stem, f"image{i}-layer{layer}", args.format)))
+    if args.layer is None and args.head is None:
+        rollout = model.rollout_map(x)[0].flatten()                   # (N,): attention composed over layers
+        fig = patch_attention(raw, rollout, grid, head_names=["rollout"], title=f"ViT attention rollout; {about}")
+        written.append(save(fig, _file(out, stem, f"image{i}-rollout", args.format)))
+    return written
+
+
+def _show_captioner(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
+    """Caption test scene N, then per decoder layer where each generated word looked in the image."""
+    from .data.scenes import EOS, VOCAB
+    from .lab.heatmaps import cross_attention, save
+    _unused(args, "captioner", "--text", "--source")
+    i = args.image_index or 0
+    raw, x, truth = task.test_example(i)                              # (C, H, W); (1, C, H, W); the true caption
+    ids, w = model.caption(x, return_cross_attention=True)            # (1, T); (1, layers, heads, T, S)
+    words = ids[0].tolist()
+    T = words.index(EOS) + 1 if EOS in words else len(words)          # the words and the EOS they ended with
+    labels = [VOCAB[t] for t in words[:T]]
+    w = w[0, :, :, :T]                                                # (layers, heads, T, S)
+    layers, heads = _pick(args.layer, w.shape[0], "layer"), _pick(args.head, w.shape[1], "head")
+    said = " ".join(label for label in labels if label != VOCAB[EOS])
+    out, written = Path(args.out), []
+    for layer in layers:
+        fig = cross_attention(w[layer, heads], labels, image=raw, grid=model.cfg.vit.grid,
+                              title=f"captioner layer {layer}: {said!r} (true: {truth!r})")
+        written.append(save(fig, _file(out, stem, f"scene{i}-layer{layer}", args.format)))
+    return written
+
+
+def _show_seq2seq(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
+    """Greedy-decode --source, then per decoder layer its cross-attention heads (output rows, source columns)."""
+    import torch
+
+    from .data.seq2seq_tasks import EOS
+    from .lab.heatmaps import cross_attention, plot_head, save
+    _unused(args, "seq2seq", "--text", "--image-index")
+    if not args.source:
+        raise ValueError("--source is required for seq2seq checkpoints: the input sequence to transduce")
+    vocab = task.data.vocab
+    ids = vocab.encode(list(args.source)) + [EOS]                     # one token per character, then EOS
+    if len(ids) > model.cfg.max_len:
+        raise ValueError(f"--source is {len(ids)} tokens with EOS, over this model's max_len {model.cfg.max_len}")
+    src = torch.tensor([ids])                                         # (1, S)
+    out_ids = model.greedy(src)[0].tolist()                           # generated, EOS included, then PAD
+    out_ids = out_ids[:out_ids.index(EOS) + 1] if EOS in out_ids else out_ids
+    tgt_in = torch.tensor([[model.cfg.bos_id] + out_ids[:-1]])        # (1, L): row t produces out_ids[t]
+    w = model.cross_attention(src, tgt_in)[0].numpy()                 # (layers, H, L, S)
+    show = [t if t != " " else "\u2423" for t in vocab.tokens]          # a visible space
+    src_labels, out_labels = [show[t] for t in ids], [show[t] for t in out_ids]
+    layers = _pick(args.layer, w.shape[0], "layer")
+    if args.head is not None:
+        _pick(args.head, w.shape[1], "head")
+    title = f"cross-attention: {args.source!r} -> {vocab.decode(out_ids)!r}"
+    out, written = Path(args.out), []
+    for layer in layers:
+        fig = cross_attention(w[layer], out_labels, src_labels, title=f"decoder layer {layer} {title}")
+        written.append(save(fig, _file(out, stem, f"cross-layer{layer}", args.format)))
+        if args.head is not None:
+            fig = plot_head(w[layer, args.head], out_labels, src_labels, title=f"layer {layer} head {args.head}")
+            written.append(save(fig, _file(out, stem, f"cross-layer{layer}-head{args.head}", args.format)))
+    return written
+
+
+def _show_task_checkpoint(render) -> Callable[[argparse.Namespace], list[Path]]:
+    """A renderer for a checkpoint rebuilt through the task registry (model in eval mode, task)."""
+    def show(args: argparse.Namespace) -> list[Path]:
+        from .tasks import load_model
+        model, task = load_model(args.checkpoint)
+        return render(args, model, task, _stem(args.checkpoint))
+    return show
+
+
 # Renderers by checkpoint kind (the task name in the checkpoint). Kinds not listed fail clearly.
 _CHECKPOINT_RENDERERS: dict[str, Callable[[argparse.Namespace], list[Path]]] = {
     "gpt": _show_gpt_checkpoint,
+    "vit": _show_task_checkpoint(_show_vit),
+    "seq2seq": _show_task_checkpoint(_show_seq2seq),
+    "captioner": _show_task_checkpoint(_show_captioner),
 }
 
 

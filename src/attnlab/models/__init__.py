@@ -7,3 +7,8 @@ from .encoder import ENCODER_PRESETS, Encoder, EncoderConfig  # noqa: E402
 __all__ += ["Encoder", "EncoderConfig", "ENCODER_PRESETS"]
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2Seq, Seq2SeqConfig  # noqa: E402
 __all__ += ["Seq2Seq", "Seq2SeqConfig", "SEQ2SEQ_PRESETS"]
+from .vit import VIT_PRESETS, ViT, ViTConfig, attention_rollout, patchify, unpatchify  # noqa: E402
+from .captioner import Captioner, CaptionerConfig  # noqa: E402
+from .evoformer import Evoformer, EvoformerConfig  # noqa: E402
+__all__ += ["ViT", "ViTConfig", "VIT_PRESETS", "attention_rollout", "patchify", "unpatchify", "Captioner",
+            "CaptionerConfig", "Evoformer", "EvoformerConfig"]

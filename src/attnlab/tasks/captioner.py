@@ -62,6 +62,7 @@ class CaptionerTask:
     """Scene captioning; see the module docstring."""
     name = "captioner"
     unit = "ex"
+    loss_label = "cross-entropy (nats / caption token)"
 
     def __init__(self, cfg: CaptionerConfig, *, data_seed: int = 0, scene_seed: int = 0, shift: int = 0):
         if cfg.vocab_size != len(VOCAB) or cfg.max_len < MAX_LEN or (cfg.pad_id, cfg.eos_id) != (PAD, EOS):

@@ -44,6 +44,7 @@ class ViTTask:
     """Digits classification with a ViT; see the module docstring."""
     name = "vit"
     unit = "ex"
+    loss_label = "cross-entropy (nats / image)"
 
     def __init__(self, cfg: ViTConfig, *, data_seed: int = 0, shift: int = 1, upsample: int = 1,
                  data: Optional[DigitsData] = None):
