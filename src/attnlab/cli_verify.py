@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
+
+from .cli_util import fail
 
 __all__ = ["add_verify", "format_table"]
 
 DEFAULT_OUT = "runs/verify"
-
-
-def _fail(msg: str) -> int:
-    print(f"attnlab: error: {msg}", file=sys.stderr)
-    return 2
 
 
 def format_table(claims, width: int = 100) -> str:
@@ -42,7 +38,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         try:
             entries = select(collect(), args.only)
         except UnknownClaimError as e:
-            return _fail(str(e))
+            return fail(str(e))
         for e in entries:
             doc = (e.fn.__doc__ or "").strip().split("\n")[0]
             print(f"{e.id:<32} {e.module:<16} {doc}")
@@ -51,10 +47,10 @@ def _run_verify(args: argparse.Namespace) -> int:
         result = run_verify(quick=args.quick, only=args.only, out=args.out, seed=args.seed,
                             argv=getattr(args, "argv", None))
     except UnknownClaimError as e:
-        return _fail(str(e))
+        return fail(str(e))
     claims = result.claims
     if not claims:
-        return _fail("no experiments were found (are the attnlab.lab.exp_* modules installed?)")
+        return fail("no experiments were found (are the attnlab.lab.exp_* modules installed?)")
     print(format_table(claims, max(80, shutil.get_terminal_size((120, 20)).columns)))
     n_pass = sum(c.passed for c in claims)
     print(f"{n_pass} of {len(claims)} claims pass ({result.seconds:.0f} s); report: {result.paths['html']}")
