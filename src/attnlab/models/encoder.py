@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from ..functional.registry import get_backend
 from ..nn import BlockConfig
 from ..nn.blocks import Encoder as BlockStack
+from ..presets import from_preset
 from .gpt import GPT
 
 __all__ = ["EncoderConfig", "Encoder", "ENCODER_PRESETS", "mean_pool"]
@@ -68,9 +69,7 @@ class EncoderConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "EncoderConfig":
-        if name not in ENCODER_PRESETS:
-            raise ValueError(f"unknown encoder preset {name!r}; choose from {sorted(ENCODER_PRESETS)}")
-        return cls(**{**ENCODER_PRESETS[name], **overrides})
+        return from_preset(cls, ENCODER_PRESETS, name, overrides, what="encoder")
 
     def block(self) -> BlockConfig:
         return BlockConfig(d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, norm="layer",

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..nn import BlockConfig, TransformerBlock
 from ..nn.blocks import make_norm
 from ..positional import LearnedEncoding, SinusoidalEncoding
+from ..presets import from_preset
 from .sampling import sample_next
 
 __all__ = ["GPTConfig", "GPT", "PRESETS"]
@@ -66,9 +67,7 @@ class GPTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
-        if name not in PRESETS:
-            raise ValueError(f"unknown GPT preset {name!r}; choose from {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
+        return from_preset(cls, PRESETS, name, overrides, what="GPT")
 
     def to_dict(self) -> dict:
         return asdict(self)

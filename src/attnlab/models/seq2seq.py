@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from ..nn import BlockConfig, Decoder, Encoder
 from ..positional import LearnedEncoding, SinusoidalEncoding
+from ..presets import from_preset
 
 __all__ = ["Seq2SeqConfig", "Seq2Seq", "SEQ2SEQ_PRESETS", "POSITIONAL_CHOICES"]
 
@@ -90,9 +91,7 @@ class Seq2SeqConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "Seq2SeqConfig":
-        if name not in SEQ2SEQ_PRESETS:
-            raise ValueError(f"unknown seq2seq preset {name!r}; choose from {sorted(SEQ2SEQ_PRESETS)}")
-        return cls(**{**SEQ2SEQ_PRESETS[name], **overrides})
+        return from_preset(cls, SEQ2SEQ_PRESETS, name, overrides, what="seq2seq")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..nn import BlockConfig
 from ..nn.blocks import Encoder as BlockStack
 from ..positional import LearnedEncoding2D, sinusoidal_2d
+from ..presets import from_preset
 
 __all__ = ["ViTConfig", "ViT", "VIT_PRESETS", "patchify", "unpatchify", "attention_rollout"]
 
@@ -90,9 +91,7 @@ class ViTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ViTConfig":
-        if name not in VIT_PRESETS:
-            raise ValueError(f"unknown ViT preset {name!r}; choose from {sorted(VIT_PRESETS)}")
-        return cls(**{**VIT_PRESETS[name], **overrides})
+        return from_preset(cls, VIT_PRESETS, name, overrides, what="ViT")
 
     @property
     def grid(self) -> tuple[int, int]:

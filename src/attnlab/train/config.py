@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Optional
 
+from ..presets import from_preset
+
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "BF16_CHOICES"]
 
 BF16_CHOICES = ("auto", "on", "off")
@@ -75,9 +77,7 @@ class TrainConfig:
     @classmethod
     def for_preset(cls, preset: str, **overrides) -> "TrainConfig":
         """The preset's training defaults, then overrides (None values are ignored, except steps=None)."""
-        if preset not in TRAIN_PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose from {sorted(TRAIN_PRESETS)}")
-        return cls(**{**TRAIN_PRESETS[preset], **overrides})
+        return from_preset(cls, TRAIN_PRESETS, preset, overrides)
 
     def to_dict(self) -> dict:
         return asdict(self)
