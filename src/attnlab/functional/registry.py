@@ -9,6 +9,8 @@ A backend is a plain function with one keyword-only signature::
 arguments arrive validated by ``attnlab.functional.request``. Alongside the function each backend
 registers ``unsupported(request) -> str | None``: why it cannot compute this exact request
 (None when it can), so ``attention`` can refuse with a clear message and ``auto`` can skip it.
+A backend that needs hardware or a package this machine may lack also registers
+``available() -> bool``; ``available_backends()`` lists only those that can run here.
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ def _always(_: AttentionRequest) -> Optional[str]:
     return None
 
 
+def _here() -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -35,16 +41,19 @@ class Backend:
     exact: bool                                             # approximate backends are never picked by "auto"
     unsupported: Callable[[AttentionRequest], Optional[str]]
     summary: str                                            # one line for explain()
+    available: Callable[[], bool] = _here                   # False: cannot run on this machine (no GPU...)
 
 
 _BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(name: str, *, exact: bool = True, summary: str = "",
-                     unsupported: Callable[[AttentionRequest], Optional[str]] = _always):
+                     unsupported: Callable[[AttentionRequest], Optional[str]] = _always,
+                     available: Callable[[], bool] = _here):
     """Decorator: register ``fn`` under ``name``."""
     def wrap(fn: AttentionFn) -> AttentionFn:
-        _BACKENDS[name] = Backend(name, fn, exact, unsupported, summary or (fn.__doc__ or "").split("\n")[0])
+        _BACKENDS[name] = Backend(name, fn, exact, unsupported, summary or (fn.__doc__ or "").split("\n")[0],
+                                  available)
         return fn
     return wrap
 
@@ -60,8 +69,8 @@ def get_backend(name: str) -> Backend:
 
 def available_backends() -> list[str]:
     """Names of the registered backends that can run here, e.g. ['reference', 'sdpa', 'tiled']
-    (a backend whose function has ``available() -> False``, triton without a GPU, is left out)."""
-    return sorted(n for n, b in _BACKENDS.items() if getattr(b.fn, "available", lambda: True)())
+    (one whose ``available()`` is False — triton without a GPU — is left out)."""
+    return sorted(n for n, b in _BACKENDS.items() if b.available())
 
 
 def all_backends() -> list[Backend]:

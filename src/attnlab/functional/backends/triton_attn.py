@@ -302,7 +302,8 @@ def prefer_triton(req: AttentionRequest) -> Optional[str]:
 
 
 @register_backend("triton", unsupported=_unsupported,
-                  summary="fused Triton kernels (FlashAttention-2 forward and backward), skips empty mask tiles; CUDA")
+                  summary="fused Triton kernels (FlashAttention-2 forward and backward), skips empty mask tiles; CUDA",
+                  available=lambda: triton_unavailable() is None)   # listed only where it can run
 def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
                      bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
                      dropout_seed: Optional[int] = None, return_weights: bool = False,
@@ -351,5 +352,3 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     return out
 
 
-# Listed by available_backends() only where it can run (registry.py): not on a CPU-only machine.
-triton_attention.available = lambda: triton_unavailable() is None
