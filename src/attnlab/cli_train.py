@@ -87,12 +87,10 @@ def _make_trainer(args: argparse.Namespace, spec, dist, say):
 
 
 def _describe(task) -> str:
-    info = task.info()
-    if task.name == "gpt":
-        d = task.data
-        return (f"on {info.get('name')}: {len(d.train_ids):,} train / {len(d.val_ids):,} validation tokens, "
-                f"{d.tokenizer.vocab_size} token ids")
-    return "on " + ", ".join(f"{k}={v}" for k, v in info.items() if isinstance(v, (str, int, float)))
+    """The task's own one-line description of its data (``describe()``), or its flat ``info()`` items."""
+    if hasattr(task, "describe"):
+        return task.describe()
+    return "on " + ", ".join(f"{k}={v}" for k, v in task.info().items() if isinstance(v, (str, int, float)))
 
 
 def _train(args: argparse.Namespace, dist) -> int:

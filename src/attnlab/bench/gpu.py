@@ -20,7 +20,7 @@ step and timer); ``scripts/gpu_check.sh`` runs the quick preset on a GPU.
 Example::
 
     report = run_gpu_bench(GpuBenchConfig(**GPU_QUICK))
-    print(format_gpu_table(report))
+    table = format_gpu_table(report)                # what `attnlab bench --device cuda` prints
 """
 from __future__ import annotations
 

@@ -51,6 +51,11 @@ class LMTask:
     def title(self) -> str:
         return f"on {self.data.info.get('name', '?')}"
 
+    def describe(self) -> str:
+        d = self.data
+        return (f"on {d.info.get('name')}: {len(d.train_ids):,} train / {len(d.val_ids):,} validation tokens, "
+                f"{d.tokenizer.vocab_size} token ids")
+
     def tokenizer_json(self) -> Optional[str]:
         return self.data.tokenizer.to_json()
 

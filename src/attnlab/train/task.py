@@ -12,7 +12,8 @@ model- or data-specific:
 - ``eval_batches(batch_size, n, seed)``: fixed validation batches (the same at every evaluation);
 - ``evaluate(model)``: the task metric on held-out data (exact match, accuracy...), a dict of floats.
 
-Optional: ``title()`` (the loss plot's title after the model size) and ``loss_label`` (its y axis).
+Optional: ``title()`` (the loss plot's title after the model size), ``loss_label`` (its y axis) and
+``describe()`` (the CLI's one line about the data; default: the flat items of ``info()``).
 
 Tasks with generated data draw each batch from a seeded ``torch.Generator`` (``DrawSampler``),
 so the data are reproducible, resumable and never stored.
@@ -22,7 +23,7 @@ Example::
     task = SortingTask(...)                         # any Task
     trainer = Trainer(task, TrainConfig(steps=500, out_dir="runs/sort"))
     trainer.train()
-    print(task.evaluate(trainer.model))             # {"exact_match": 0.996, ...}
+    metric = task.evaluate(trainer.model)           # {"exact_match": 0.996, ...}
 """
 from __future__ import annotations
 
