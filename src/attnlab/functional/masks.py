@@ -6,7 +6,9 @@ A structured mask never has to exist as an (L, S) tensor. It answers three quest
   as a bool tensor broadcastable to ``(B, H, r1 - r0, c1 - c0)``;
 * ``tile_kinds(L, S, block_q, block_k)`` -- for every tile, whether it is EMPTY (skip it), FULL
   (no masking work) or PARTIAL, as an int8 tensor ``(Bm, nq, nk)`` where ``Bm`` is 1 or B;
-* ``dense(L, S)`` -- the whole mask as a bool tensor broadcastable to ``(B, H, L, S)``.
+* ``dense(L, S)`` -- the whole mask as a bool tensor broadcastable to ``(B, H, L, S)``;
+* ``row_spans(L, S)`` -- per query row, the allowed keys as a short list of half-open intervals
+  ``(Bm, L, K, 2)`` (or None when the mask has no such form): what the compiled kernel reads.
 
 Query row ``i`` sits at absolute position ``i + S - L`` (bottom-right alignment), which makes
 causal and window masks right for KV-cache decoding (L < S) with no special case::
@@ -81,6 +83,17 @@ class Mask:
         """(B|1, H|1, L, S) bool, True = may attend."""
         return self.block(0, L, 0, S, L, S)
 
+    def row_spans(self, L: int, S: int) -> Optional[Tensor]:
+        """Per query row, the keys it may attend as K half-open intervals, or None.
+
+        Returns an int64 tensor ``(Bm, L, K, 2)`` (Bm 1 or B) of ``[lo, hi)`` pairs with
+        ``0 <= lo <= hi <= S`` (an empty interval has lo == hi); key j is allowed for row i iff it
+        lies in one of row i's intervals. None means the mask has no short interval form (dense
+        masks, scattered patterns): a kernel then reads ``dense``. K stays small (1 for causal,
+        window, padding and contiguous documents), so a kernel can skip by rows, not only by tiles.
+        """
+        return None
+
     def block_key(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int):
         """A hashable key such that tiles with equal keys have equal blocks, or None (no sharing).
 
@@ -121,6 +134,10 @@ class CausalMask(Mask):
         lo = torch.full_like(r0, -(1 << 62))
         return _interval_kinds(lo, lo, r0 + off, r1 - 1 + off, c0, c1)
 
+    def row_spans(self, L, S):
+        hi = (torch.arange(L) + (S - L + 1)).clamp(0, S)             # (L,) one past the last key
+        return _spans(torch.zeros_like(hi), hi)
+
     def __repr__(self):
         return "causal()"
 
@@ -154,6 +171,10 @@ class WindowMask(Mask):
         lo_last, hi_last = self._lo_hi(r1 - 1, S - L)
         return _interval_kinds(lo_first, lo_last, hi_first, hi_last, c0, c1)
 
+    def row_spans(self, L, S):
+        lo, hi = self._lo_hi(torch.arange(L), S - L)                # (L,) inclusive bounds
+        return _spans(lo.clamp(0, S), (hi + 1).clamp(0, S))
+
     def __repr__(self):
         return f"window(left={self.left}, right={self.right})"
 
@@ -183,6 +204,10 @@ class PaddingMask(Mask):
         kinds[(c1 <= n).expand_as(kinds)] = FULL
         kinds[(c0 >= n).expand_as(kinds)] = EMPTY
         return kinds
+
+    def row_spans(self, L, S):
+        hi = self.lengths.clamp(max=S)[:, None].expand(-1, L)           # (B, L)
+        return _spans(torch.zeros_like(hi), hi)
 
     def check(self, B: int, H: int, L: int, S: int) -> None:
         super().check(B, H, L, S)
@@ -246,6 +271,26 @@ class DocumentMask(Mask):
         kinds[(kinds == FULL) & (first_pos < 0)[:, :, None]] = PARTIAL
         kinds[((last_pos < 0)[:, :, None]).expand_as(kinds)] = EMPTY
         return kinds
+
+    def row_spans(self, L, S):
+        ids = self.ids                                                   # (Bm, S)
+        if S == 0:
+            return None
+        change = torch.ones_like(ids, dtype=torch.bool)
+        change[:, 1:] = ids[:, 1:] != ids[:, :-1]                        # (Bm, S) a run starts here
+        run = change.long().cumsum(1) - 1                                # (Bm, S) run index of each key
+        n_runs = int(run[:, -1].max()) + 1
+        # each document must be one contiguous run, else its keys are not one interval
+        if any(torch.unique(row).numel() != int(r[-1]) + 1 for row, r in zip(ids, run)):
+            return None
+        pos = torch.arange(L) + (S - L)                                  # (L,) query positions
+        keys = torch.arange(S).expand_as(ids)
+        start = torch.full((ids.shape[0], n_runs), S, dtype=torch.long).scatter_reduce(1, run, keys, "amin")
+        end = torch.zeros((ids.shape[0], n_runs), dtype=torch.long).scatter_reduce(1, run, keys + 1, "amax")
+        r = run[:, pos.clamp(min=0)]                                     # (Bm, L) the query's run
+        lo, hi = start.gather(1, r), end.gather(1, r)
+        hi = torch.where(pos >= 0, hi, lo)                               # rows with no position see nothing
+        return _spans(lo, hi)
 
     def __repr__(self):
         return f"documents(ids of shape {tuple(self.ids.shape)})"
@@ -326,11 +371,33 @@ class AndMask(Mask):
     def tile_kinds(self, L, S, block_q, block_k):
         return torch.minimum(self.a.tile_kinds(L, S, block_q, block_k), self.b.tile_kinds(L, S, block_q, block_k))
 
+    def row_spans(self, L, S):
+        a, b = self.a.row_spans(L, S), self.b.row_spans(L, S)
+        return None if a is None or b is None else intersect_spans(a, b)
+
     def to(self, device):
         return AndMask(self.a.to(device), self.b.to(device))
 
     def __repr__(self):
         return f"({self.a!r} & {self.b!r})"
+
+
+def _spans(lo: Tensor, hi: Tensor) -> Tensor:
+    """(Bm, L) or (L,) bounds -> (Bm, L, 1, 2) spans with hi >= lo."""
+    lo, hi = torch.broadcast_tensors(lo.long(), hi.long())
+    spans = torch.stack([lo, torch.maximum(lo, hi)], -1)[..., None, :]   # (..., L, 1, 2)
+    return spans if spans.dim() == 4 else spans[None]
+
+
+def intersect_spans(a: Tensor, b: Tensor) -> Tensor:
+    """Row-wise intersection of two span lists (Bm, L, Ka, 2) & (Bm, L, Kb, 2) -> (Bm, L, Ka*Kb, 2).
+
+    Every pair of intervals intersects to an interval (possibly empty), so the result is exact;
+    single-interval masks (the common case) stay single-interval.
+    """
+    lo = torch.maximum(a[..., :, None, 0], b[..., None, :, 0])           # (Bm, L, Ka, Kb)
+    hi = torch.minimum(a[..., :, None, 1], b[..., None, :, 1])
+    return torch.stack([lo, torch.maximum(lo, hi)], -1).flatten(-3, -2)  # (Bm, L, Ka*Kb, 2)
 
 
 def parts(mask: Optional[Mask]) -> list[Mask]:
