@@ -31,7 +31,17 @@ def all_masks(B=2, H=3, S=23):
         "dense": masks.dense(torch.rand(B, H, 1, S, generator=g) > 0.3),
         "causal&padding": masks.causal() & masks.padding(torch.tensor([3, 20])),
         "window&documents": masks.window(3, 3) & masks.documents(ids),
+        "padding_left": masks.padding(torch.tensor([23, 7]), side="left"),
+        "causal&padding_left": masks.causal() & masks.padding(torch.tensor([3, 20]), side="left"),
+        "varlen_causal": masks.varlen(torch.tensor([0, 5, 14, 23]), causal=True),
+        "varlen_window_qk": masks.varlen(torch.tensor([[0, 4, 9, 9], [0, 1, 2, 9]]),
+                                         torch.tensor([[0, 8, 15, 23], [0, 11, 20, 20]]), window=(2, 1)),
+        "padded_left_causal": masks.padded(torch.tensor([9, 4]), torch.tensor([23, 11]), side="left", causal=True),
+        "padded_right_window": masks.padded(torch.tensor([9, 0]), torch.tensor([17, 3]), window=(3, 0)),
     }
+
+
+SEQUENCE_MASKS = ["varlen_causal", "varlen_window_qk", "padded_left_causal", "padded_right_window"]
 
 
 @pytest.mark.parametrize("name", list(all_masks()))
@@ -46,7 +56,8 @@ def test_tile_kinds_agree_with_dense(name, L, S, bq, bk):
     k = kinds.expand_as(want)
     assert ((k == EMPTY) <= (want == EMPTY)).all(), f"{name}: wrongly EMPTY tiles"
     assert ((k == FULL) <= (want == FULL)).all(), f"{name}: wrongly FULL tiles"
-    if name in ("causal", "window", "padding", "window_left_unbounded", "dense"):
+    if name in ("causal", "window", "padding", "window_left_unbounded", "dense", "padding_left",
+                *SEQUENCE_MASKS):
         assert (k == want).all(), f"{name}: classification not exact"
 
 
@@ -86,3 +97,71 @@ def test_and_is_intersection():
 def test_bad_masks_are_rejected(bad, err):
     with pytest.raises(err):
         bad()
+
+
+@pytest.mark.parametrize("name", list(all_masks()))
+@pytest.mark.parametrize("L, S", [(23, 23), (9, 23), (30, 23), (1, 23)])
+def test_row_spans_agree_with_dense(name, L, S):
+    m = all_masks()[name]
+    try:
+        m.check(2, 3, L, S)
+    except ValueError:
+        pytest.skip("mask does not fit this shape")
+    spans = m.row_spans(L, S)
+    if spans is None:
+        return
+    assert spans.dtype == torch.int64 and spans.dim() == 4 and spans.shape[1] == L
+    lo, hi = spans[..., 0], spans[..., 1]
+    assert ((0 <= lo) & (lo <= hi) & (hi <= S)).all()
+    j = torch.arange(S)
+    from_spans = ((j >= lo[..., None]) & (j < hi[..., None])).any(2)          # (Bm, L, S)
+    want = m.dense(L, S).expand(-1, 3, L, S)
+    assert torch.equal(from_spans[:, None].expand_as(want), want), name
+
+
+def test_left_padding_values():
+    m = masks.padding([2, 3], side="left")
+    assert m.dense(1, 4)[:, 0, 0].int().tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
+    assert repr(m) == "padding([2, 3], side='left')"
+    # with causal (bottom-right) a left-padded query row sees its own sequence's past only
+    d = (masks.causal() & m).dense(4, 4)[1, 0].int().tolist()
+    assert d == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1]]
+
+
+def test_varlen_is_flash_attention_alignment():
+    """Each sequence's last query sees its own last key (causal aligned per sequence, not to S)."""
+    # two sequences: 2 queries over 4 keys, then 3 queries over 3 keys (packed q: 5 rows, k: 7 keys)
+    m = masks.varlen(torch.tensor([0, 2, 5]), torch.tensor([0, 4, 7]), causal=True)
+    d = m.dense(5, 7)[0, 0].int().tolist()
+    assert d == [[1, 1, 1, 0, 0, 0, 0],
+                 [1, 1, 1, 1, 0, 0, 0],
+                 [0, 0, 0, 0, 1, 0, 0],
+                 [0, 0, 0, 0, 1, 1, 0],
+                 [0, 0, 0, 0, 1, 1, 1]]
+    p = masks.padded(torch.tensor([2, 3]), torch.tensor([4, 3]), window=(1, 0))
+    # example 0: 2 queries end-aligned to 4 keys (row 2 is padding); example 1: 3 over 3
+    assert p.dense(3, 4)[:, 0].int().tolist() == [[[0, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 0]],
+                                                   [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0]]]
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: masks.padding([1, 2], side="middle"),
+    lambda: masks.varlen(torch.tensor([1, 3])),
+    lambda: masks.varlen(torch.tensor([0, 3, 2])),
+    lambda: masks.varlen(torch.tensor([0, 3]), torch.tensor([0, 1, 2])),
+    lambda: masks.varlen(torch.tensor([0.0, 3.0])),
+    lambda: masks.varlen(torch.tensor([0, 3]), window=(-1, 0)),
+    lambda: masks.padded(torch.tensor([1, 2]), torch.tensor([1])),
+    lambda: masks.padded(torch.tensor([1, -2])),
+    lambda: masks.padded(torch.tensor([1, 2]), side="top"),
+])
+def test_bad_sequence_masks_are_rejected(bad):
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_sequence_masks_check_their_extent():
+    with pytest.raises(ValueError, match="exceed|reach"):
+        masks.varlen(torch.tensor([0, 3, 9])).check(1, 1, 8, 8)
+    with pytest.raises(ValueError, match="exceed"):
+        masks.padded(torch.tensor([5, 2]), side="left").check(2, 1, 4, 4)

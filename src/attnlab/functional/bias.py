@@ -38,9 +38,15 @@ class StructuredBias:
         """The bias of rows r0:r1 and keys c0:c1, as a (B|1, H|1, lr, lc) tensor."""
         params = self.params if params is None else params
         device = params[0].device if params else None
-        i = torch.arange(r0, r1, device=device)[:, None] + (S - L)   # (lr, 1) query positions
-        j = torch.arange(c0, c1, device=device)[None, :]             # (1, lc)
-        b = self.tile(i, j, *params)
+        return self.at(torch.arange(r0, r1, device=device), torch.arange(c0, c1, device=device), L, S, params)
+
+    def at(self, rows: Tensor, cols: Tensor, L: int, S: int, params: tuple[Tensor, ...]) -> Tensor:
+        """The bias at query rows (lr,) and key columns (lc,) (indices, any order): (B|1, H|1, lr, lc).
+
+        Rows sit at positions rows + S - L (bottom-right); ``masks.aligned`` overrides this to use
+        each sequence's own positions.
+        """
+        b = self.tile(rows[:, None] + (S - L), cols[None, :], *params)   # i (lr, 1), j (1, lc)
         return b.reshape((1,) * (4 - b.dim()) + tuple(b.shape))
 
     def dense(self, L: int, S: int) -> Tensor:

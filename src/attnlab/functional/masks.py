@@ -33,7 +33,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["Mask", "causal", "padding", "window", "documents", "dense", "EMPTY", "PARTIAL", "FULL"]
+__all__ = ["Mask", "causal", "padding", "window", "documents", "dense", "varlen", "padded", "aligned",
+           "EMPTY", "PARTIAL", "FULL"]
 
 # Tile kinds. Ordered so that the kind of (a & b) is min(kind(a), kind(b)).
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -180,9 +181,11 @@ class WindowMask(Mask):
 
 
 class PaddingMask(Mask):
-    """Example b may attend keys j < lengths[b] (right padding)."""
+    """Example b may attend its lengths[b] real keys: the first ones (side="right", keys j <
+    lengths[b]) or the last ones (side="left", keys j >= S - lengths[b], as HF decoders pad
+    batches for generation)."""
 
-    def __init__(self, lengths: Tensor):
+    def __init__(self, lengths: Tensor, side: str = "right"):
         if not isinstance(lengths, Tensor):
             lengths = torch.as_tensor(lengths)
         if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
@@ -190,24 +193,34 @@ class PaddingMask(Mask):
                              f"{tuple(lengths.shape)} dtype {lengths.dtype}")
         if (lengths < 0).any():
             raise ValueError(f"padding lengths must be >= 0, got {lengths.tolist()}")
+        if side not in ("right", "left"):
+            raise ValueError(f"padding side={side!r}: use 'right' (real keys first) or 'left' (real keys last)")
         self.lengths = lengths.long().cpu()
         self.batch = lengths.numel()
+        self.side = side
+
+    def _key_range(self, S: int) -> tuple[Tensor, Tensor]:
+        """(B,) first and one-past-last real key of each example."""
+        if self.side == "right":
+            return torch.zeros_like(self.lengths), self.lengths
+        return S - self.lengths, torch.full_like(self.lengths, S)
 
     def block(self, r0, r1, c0, c1, L, S):
-        j = torch.arange(c0, c1)
-        return (j[None, :] < self.lengths[:, None])[:, None, None, :]   # (B, 1, 1, lc)
+        lo, hi = self._key_range(S)
+        j = torch.arange(c0, c1)[None, :]
+        return ((j >= lo[:, None]) & (j < hi[:, None]))[:, None, None, :]   # (B, 1, 1, lc)
 
     def tile_kinds(self, L, S, block_q, block_k):
         r0, r1, c0, c1 = _tile_starts(L, S, block_q, block_k)
-        n = self.lengths[:, None, None]                          # (B, 1, 1)
+        lo, hi = (x[:, None, None] for x in self._key_range(S))     # (B, 1, 1)
         kinds = torch.full((self.batch, r0.shape[0], c0.shape[1]), PARTIAL, dtype=torch.int8)
-        kinds[(c1 <= n).expand_as(kinds)] = FULL
-        kinds[(c0 >= n).expand_as(kinds)] = EMPTY
+        kinds[((c0 >= lo) & (c1 <= hi)).expand_as(kinds)] = FULL
+        kinds[((c1 <= lo) | (c0 >= hi)).expand_as(kinds)] = EMPTY
         return kinds
 
     def row_spans(self, L, S):
-        hi = self.lengths.clamp(max=S)[:, None].expand(-1, L)           # (B, L)
-        return _spans(torch.zeros_like(hi), hi)
+        lo, hi = (x.clamp(0, S)[:, None].expand(-1, L) for x in self._key_range(S))   # (B, L)
+        return _spans(lo, hi)
 
     def check(self, B: int, H: int, L: int, S: int) -> None:
         super().check(B, H, L, S)
@@ -216,7 +229,8 @@ class PaddingMask(Mask):
                              f"the real keys of an example, so it must be <= {S}")
 
     def __repr__(self):
-        return f"padding({self.lengths.tolist()})"
+        side = "" if self.side == "right" else ", side='left'"
+        return f"padding({self.lengths.tolist()}{side})"
 
 
 class DocumentMask(Mask):
@@ -422,9 +436,14 @@ def window(left: Optional[int], right: Optional[int] = 0) -> Mask:
     return WindowMask(left, right)
 
 
-def padding(lengths) -> Mask:
-    """Per-example key lengths (B,): example b attends keys j < lengths[b]."""
-    return PaddingMask(lengths)
+def padding(lengths, side: str = "right") -> Mask:
+    """Per-example key lengths (B,): example b attends keys j < lengths[b] (side="right"), or its
+    last lengths[b] keys, j >= S - lengths[b] (side="left": the padding comes first).
+
+    Causal and window stay aligned to the padded S (bottom-right); for masks aligned to each
+    sequence's own length (flash-attention's convention) use ``padded`` or ``varlen``.
+    """
+    return PaddingMask(lengths, side)
 
 
 def documents(ids) -> Mask:
@@ -437,3 +456,4 @@ def dense(allowed: Tensor) -> Mask:
     return DenseMask(allowed)
 
 from .patterns import bigbird, block_sparse, dilated_window, fixed, global_window, strided  # noqa: E402,F401  (sparse patterns)
+from .varlen import aligned, padded, varlen  # noqa: E402,F401  (per-sequence alignment)

@@ -112,9 +112,8 @@ class _Problem:
         if self.bias_s is not None:
             params = self.params if params is None else params
             tiles = []
-            for t in range(r.shape[0]):  # the StructuredBias contract: positions i (lr, 1), j (1, lc)
-                bt = self.bias_s.tile((r[t] + (S - L))[:, None], c[t].flatten()[None, :], *params)
-                tiles.append(bt.reshape((1,) * (4 - bt.dim()) + tuple(bt.shape)))
+            for t in range(r.shape[0]):
+                tiles.append(self.bias_s.at(r[t], c[t].flatten(), L, S, params))   # (B|1, H|1, bq, K * bk)
             b = _batch(torch.stack(tiles, 2), bs)                    # (Bb, Hb, C, bq, K * bk)
             return b.unflatten(-1, (c.shape[1], c.shape[2]))
         return None

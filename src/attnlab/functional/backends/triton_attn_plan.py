@@ -185,7 +185,7 @@ def compile_mask(mask: Optional[Mask], B: int, H: int, L: int, S: int, bm: int, 
             lo = p.left if lo is None else min(lo, p.left)
         if isinstance(p, (CausalMask, WindowMask)):
             continue
-        if isinstance(p, PaddingMask):
+        if isinstance(p, PaddingMask) and p.side == "right":      # left padding goes to the bitmaps
             n = p.lengths.expand(B).to(device)
             pads = n if not flags & _PAD else torch.minimum(pads, n)
             flags |= _PAD
