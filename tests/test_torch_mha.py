@@ -328,3 +328,61 @@ def test_bad_input_names_the_problem(make, call, err, match):
     theirs = nn.MultiheadAttention(8, 2)
     with pytest.raises(Exception):          # torch rejects the same input (with a vaguer error)
         theirs(**args)
+
+
+# --- what torch's own layers and tests call (issue #17) -----------------------------------------------
+
+@pytest.mark.parametrize("am", ["none", "bool2", "bool3", "float2"])
+@pytest.mark.parametrize("kpm", ["none", "bool", "float"])
+def test_merge_masks_equals_torch(am, kpm):
+    theirs, ours = nn.MultiheadAttention(8, 2, batch_first=True), MultiheadAttention(8, 2, batch_first=True)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 5, 8, generator=g)
+    a = {"none": None, "bool2": torch.rand(5, 5, generator=g) < 0.3, "bool3": torch.rand(6, 5, 5, generator=g) < 0.3,
+         "float2": torch.randn(5, 5, generator=g)}[am]
+    k = {"none": None, "bool": torch.rand(3, 5, generator=g) < 0.3, "float": torch.randn(3, 5, generator=g)}[kpm]
+    want, want_type = theirs.merge_masks(a, k, q)
+    got, got_type = ours.merge_masks(a, k, q)
+    assert got_type == want_type
+    assert (got is None and want is None) or (got.shape == want.shape and torch.equal(got, want))
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("grad", [False, True])
+def test_half_in_proj_bias_with_double_query_promotes_like_torch(need_weights, grad):
+    """torch's test_multihead_attn_fast_path_query_and_bias_have_different_dtypes: torch's module runs
+    (its projection adds the half bias to a double matmul), so ours must too, with the same result."""
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(4, 4, batch_first=True, dtype=torch.double).eval()
+    theirs.in_proj_bias = nn.Parameter(torch.randn(12).half())
+    ours = MultiheadAttention(4, 4, batch_first=True, dtype=torch.double).eval()
+    ours.in_proj_bias = nn.Parameter(torch.empty(12, dtype=torch.half))
+    ours.load_state_dict(theirs.state_dict())
+    q = torch.randn(4, 4, 4, dtype=torch.double)
+    with torch.set_grad_enabled(grad):
+        t_out, t_w = theirs(q, q, q, need_weights=need_weights)
+        o_out, o_w = ours(q, q, q, need_weights=need_weights)
+    assert o_out.dtype == t_out.dtype == torch.double
+    assert torch.allclose(o_out, t_out, atol=1e-10), f"max diff {(o_out - t_out).abs().max():.2e}"
+    if need_weights:
+        assert torch.allclose(o_w, t_w, atol=1e-10)
+
+
+def test_from_torch_copies_configuration_weights_and_mode():
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(12, 3, dropout=0.1, add_bias_kv=True, kdim=5, vdim=7, batch_first=True).eval()
+    ours = MultiheadAttention.from_torch(theirs, backend="reference")
+    assert not ours.training and ours.backend == "reference" and ours.kdim == 5 and ours.vdim == 7
+    for (n, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        assert torch.equal(a, b), n
+    q, k, v = torch.randn(2, 3, 12), torch.randn(2, 4, 5), torch.randn(2, 4, 7)
+    assert torch.allclose(ours(q, k, v)[0], theirs(q, k, v)[0], atol=ATOL)
+    with pytest.raises(TypeError, match="from_torch expects a torch.nn.MultiheadAttention, got Linear"):
+        MultiheadAttention.from_torch(nn.Linear(2, 2))
+
+
+def test_nested_tensor_input_is_refused_with_the_fix():
+    mod = MultiheadAttention(8, 2, batch_first=True)
+    nt = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)], layout=torch.jagged)
+    with pytest.raises(TypeError, match=r"query is a nested tensor: .*to_padded_tensor"):
+        mod(nt, nt, nt)

@@ -43,6 +43,15 @@ def _check_mask(name: str, m: Optional[Tensor], shapes: dict[tuple, str], dtype:
         raise ValueError(f"{name} has shape {tuple(m.shape)}; expected {want}")
 
 
+def _linear(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    """``F.linear``, but a bias of another dtype is added with type promotion, as torch's module
+    does (its projection of a batch-first input is a matmul plus the bias, which promotes; fused
+    ``addmm`` would refuse the mix)."""
+    if b is None or b.dtype == x.dtype:
+        return F.linear(x, w, b)
+    return F.linear(x, w) + b
+
+
 def _peek_dropout_seed() -> int:
     """The seed ``attention()`` will draw next (its first draw from the default generator), without
     consuming it. A test checks the post-dropout weights rebuilt from it against the output."""
@@ -88,6 +97,14 @@ class MultiheadAttention(nn.Module):
         attn_weights (N, L, S') averaged over heads, or (N, h, L, S') with
         average_attn_weights=False ((L, S') / (h, L, S') unbatched), S' counting bias_k and the
         zero key; None when need_weights=False.
+
+    Inside torch's Transformer layers: ``nn.TransformerEncoderLayer`` / ``TransformerEncoder`` in
+    eval mode without grad (batch_first, even num_heads, ...) skip ``self_attn.forward`` and run
+    torch's fused C++ layer on this module's parameters, with ``merge_masks`` (provided, torch's
+    values): the attention is then torch's, as it would be for torch's own module. Call
+    ``torch.backends.mha.set_fastpath_enabled(False)`` to have attnlab compute it there too.
+    A bias of another dtype than the input (a half ``in_proj_bias`` with double inputs) is added
+    with type promotion, as torch's module does.
 
     Differences from torch (deliberate):
         * A query row with no allowed key gives attention output 0 and weights 0 (so the module
@@ -174,6 +191,9 @@ class MultiheadAttention(nn.Module):
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.is_nested:
+                raise TypeError(f"{name} is a nested tensor: attnlab's MultiheadAttention takes padded tensors; "
+                                f"pad it (t.to_padded_tensor(0.0)) and pass key_padding_mask")
         if query.dim() not in (2, 3):
             raise ValueError(f"query has {query.dim()} dims {tuple(query.shape)}; expected (L, N, E) / (N, L, E) "
                              f"batched or (L, E) unbatched")
@@ -212,7 +232,7 @@ class MultiheadAttention(nn.Module):
         b_q = b_k = b_v = None
         if self.in_proj_bias is not None:
             b_q, b_k, b_v = self.in_proj_bias.split(E)
-        return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        return _linear(query, w_q, b_q), _linear(key, w_k, b_k), _linear(value, w_v, b_v)
 
     def _masks(self, key_padding_mask, attn_mask, N: int, L: int, S: int, extra: int):
         """Torch's two masks -> (mask, bias) in attnlab's terms, padded by ``extra`` allowed keys.
@@ -307,3 +327,47 @@ class MultiheadAttention(nn.Module):
             if not batched:
                 weights = weights.squeeze(0)
         return out, weights
+
+    # --- what torch's Transformer layers call besides forward ------------------------------------
+
+    def merge_masks(self, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
+                    query: Tensor) -> tuple[Optional[Tensor], Optional[int]]:
+        """torch's mask merge for its fused kernels (``TransformerEncoderLayer`` in eval without grad).
+
+        Args:
+            attn_mask: (L, L) or (N * num_heads, L, L), bool (True = NOT allowed) or additive float.
+            key_padding_mask: (N, L), same conventions.
+            query: (N, L, E) batch-first self-attention input (only its shape is read).
+        Returns:
+            (merged, mask_type): (key_padding_mask, 1) alone; with an attn_mask, both broadcast to
+            (N, num_heads, L, L) and combined (``+``: logical or for bool, sum for float), type 2;
+            (None, None) without masks. Same values as ``torch.nn.MultiheadAttention.merge_masks``.
+        Example:
+            merged, kind = mha.merge_masks(None, pad, x)        # (pad, 1)
+        """
+        if attn_mask is None:
+            return (key_padding_mask, 1) if key_padding_mask is not None else (None, None)
+        N, L = query.shape[0], query.shape[1]
+        h = self.num_heads
+        merged = (attn_mask.reshape(N, -1, L, L) if attn_mask.dim() == 3
+                  else attn_mask.reshape(1, 1, L, L).expand(N, h, L, L))             # (N, h, L, L)
+        if key_padding_mask is not None:
+            merged = merged + key_padding_mask.reshape(N, 1, 1, L).expand(N, h, 1, L)
+        return merged, 2
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> "MultiheadAttention":
+        """attnlab's module with the configuration, parameters and train/eval mode of torch's ``mha``.
+
+        Example:
+            layer = torch.nn.TransformerEncoderLayer(64, 8, batch_first=True)
+            layer.self_attn = MultiheadAttention.from_torch(layer.self_attn)
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"from_torch expects a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        p = mha.out_proj.weight
+        ours = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None,
+                   add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn, kdim=mha.kdim,
+                   vdim=mha.vdim, batch_first=mha.batch_first, device=p.device, dtype=p.dtype, backend=backend)
+        ours.load_state_dict(mha.state_dict(), strict=True)
+        return ours.train(mha.training)
