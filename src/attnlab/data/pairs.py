@@ -27,6 +27,19 @@ Still, with R = 12 rows and p = 0.5 a non-contact rarely looks coupled: the rule
 x[:, j] is a one-to-one function of x[:, i] over the rows" scores F1 0.994 (79 of 373k
 non-contacts pass it; 1 at p = 0.8), measured on 2000 samples — the ceiling a model can approach.
 
+Couplings through a third column (``coupling="tagged"``): every row also carries a *tag*, a
+symbol t_s in [0, A) written as symbol A + t_s (a second alphabet, never a residue) in one column
+drawn per sample among the columns outside every contact. A contact's rule then depends on it:
+``x[s, j] = pi_ij((x[s, i] + t_s) mod A)``. Every site is drawn fresh (p_mutate = 1: no root, else
+a conserved leader beside an unconserved follower would betray the pair by single columns), so
+each column is uniform, and so is every *pair* of columns: x_i and t_s are independent and uniform,
+hence (x_i, x_j), (x_i, t) and (x_j, t) are all independent. The contact shows only in the joint of
+three columns, (x_i, t, x_j), and the tag sits at a different column in every sample. An outer
+product mean of per-column features (a joint histogram of two columns) cannot see it; a model must
+first move the tag into the residues' features, which in the Evoformer only row attention does
+(attending by content to the tag symbol). With the tag added, the rule is again a one-to-one map,
+so the ceiling is the pairwise task's at p = 1.
+
 Splits: the held-out split is the set of contact maps whose hash falls in the first
 ``eval_fraction`` of 1000 buckets (a fixed random table of per-pair keys, summed over the map's
 pairs). Training samples never use a held-out map, so held-out accuracy measures the mechanism,
@@ -39,17 +52,20 @@ Example::
     cfg = PairTaskConfig(rows=12, cols=20)
     g = torch.Generator().manual_seed(0)
     msa, contacts = draw_pairs(cfg, g, 32, split="train")     # (32, 12, 20), (32, 20, 20)
+    tagged = PairTaskConfig(coupling="tagged")                 # symbols in [0, tagged.n_symbols) = [0, 8)
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["PairTaskConfig", "SPLITS", "draw_pairs", "draw_contacts", "contact_split", "HASH_BUCKETS"]
+__all__ = ["PairTaskConfig", "SPLITS", "COUPLINGS", "draw_pairs", "draw_contacts", "contact_split", "HASH_BUCKETS"]
 
 SPLITS = ("train", "eval")
+COUPLINGS = ("pairwise", "tagged")   # x_j = pi(x_i), or x_j = pi(x_i + row tag): see the module docstring
 HASH_BUCKETS = 1000
 _HASH_SEED = 20240606          # the split's key table: fixed forever, so a map's split never changes
 
@@ -62,12 +78,22 @@ class PairTaskConfig:
     min_pairs: int = 2          # contacts per sample, drawn uniformly in [min_pairs, max_pairs]
     max_pairs: int = 5
     min_sep: int = 5            # contacts are long-range: |i - j| >= min_sep
-    p_mutate: float = 0.5       # per row and site; 0 gives R copies of the root (no signal at all); lower
-                                # is harder: shared root symbols look like co-variation (phylogeny)
+    p_mutate: Optional[float] = None   # per row and site; None: 0.5 (pairwise), 1.0 (tagged, which needs 1).
+                                # 0 gives R copies of the root (no signal at all); lower is harder: shared
+                                # root symbols look like co-variation (phylogeny)
     noise: float = 0.0          # per row and contact: probability that j ignores the coupling
     eval_fraction: float = 0.1  # share of contact maps (by hash) held out for evaluation
+    coupling: str = "pairwise"  # "tagged": the coupling also reads a per-row tag column (three-way only)
 
     def __post_init__(self):
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling={self.coupling!r}; choose one of {COUPLINGS}")
+        tagged = self.coupling == "tagged"
+        if self.p_mutate is None:
+            self.p_mutate = 1.0 if tagged else 0.5
+        if tagged and self.p_mutate != 1.0:
+            raise ValueError(f"coupling='tagged' draws every site fresh: p_mutate must be 1.0 (or None), got "
+                             f"{self.p_mutate}; a shared root would make single columns betray the contacts")
         for name in ("rows", "cols", "min_sep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -82,6 +108,9 @@ class PairTaskConfig:
         if self.cols < need:
             raise ValueError(f"cols={self.cols} cannot hold max_pairs={self.max_pairs} contacts at least "
                              f"min_sep={self.min_sep} apart: need cols >= 2*max_pairs - 1 + min_sep = {need}")
+        if tagged and self.cols < 2 * self.max_pairs + 1:
+            raise ValueError(f"coupling='tagged' needs a column outside every contact for the tag: cols={self.cols} "
+                             f"must be >= 2*max_pairs + 1 = {2 * self.max_pairs + 1}")
         for name in ("p_mutate", "noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a probability in [0, 1]")
@@ -90,6 +119,11 @@ class PairTaskConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def n_symbols(self) -> int:
+        """Symbols a model must embed: the A residues, plus the A tags when ``coupling="tagged"``."""
+        return 2 * self.vocab if self.coupling == "tagged" else self.vocab
 
 
 def _pair_keys(cols: int) -> Tensor:
@@ -127,7 +161,7 @@ def draw_contacts(cfg: PairTaskConfig, generator: torch.Generator) -> Tensor:
 
 def draw_pairs(cfg: PairTaskConfig, generator: torch.Generator, batch_size: int,
                split: str = "train") -> tuple[Tensor, Tensor]:
-    """A batch of (msa (B, R, C) int64, contacts (B, C, C) bool) from ``split`` ("train" or "eval")."""
+    """A batch of (msa (B, R, C) int64 in [0, n_symbols), contacts (B, C, C) bool) from ``split`` ("train" or "eval")."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}; choose one of {SPLITS}")
     if batch_size < 1:
@@ -156,8 +190,16 @@ def draw_pairs(cfg: PairTaskConfig, generator: torch.Generator, batch_size: int,
     # A follower copies its leader's mutation (and symbol), through its coupling: the pair is one site.
     lead = leader[:, None, :].expand(B, R, C)                                         # (B, R, C)
     x = x.gather(2, lead)                                                             # (B, R, C) leader symbols
+    tagged = cfg.coupling == "tagged"
+    if tagged:   # the row's tag shifts what a follower's coupling reads: visible only with the tag column
+        tags = torch.randint(0, A, (B, R, 1), generator=generator)                    # (B, R, 1)
+        x = torch.where(follower[:, None, :], (x + tags) % A, x)                      # (B, R, C)
     x = perms[:, None].expand(B, R, C, A).gather(3, x[..., None]).squeeze(-1)         # (B, R, C)
     if cfg.noise > 0:
         broken = follower[:, None, :] & (torch.rand(B, R, C, generator=generator) < cfg.noise)
         x = torch.where(broken, torch.randint(0, A, (B, R, C), generator=generator), x)
+    if tagged:   # the tag column: one per sample, outside every contact, holding symbols A + t
+        free = ~contacts.any(dim=2)                                                   # (B, C)
+        where = torch.multinomial(free.float(), 1, generator=generator)               # (B, 1)
+        x = x.scatter(2, where[:, None, :].expand(B, R, 1), A + tags)                 # (B, R, C)
     return x, contacts

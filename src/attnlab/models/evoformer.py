@@ -21,6 +21,12 @@ standard contact head on per-column features pooled over rows (``h_i * h_j``, ``
 the same relative-position embedding, through an MLP). Its width ``flat_dim`` is chosen so that
 its parameter count matches the axial model's (within 1%; see ``matched_flat_size``).
 
+Ablations (``EvoformerConfig(ablate=...)``, ``attnlab train evoformer --ablate NAME ...``) remove one
+part of every block, its parameters included: ``row-attention``, ``column-attention``, ``pair-bias``
+(row attention without the bias from z) and ``outer-product-mean`` (then nothing carries the MSA into
+the pair track, which is all the head reads: the logits no longer depend on the MSA). Which part
+finds the contacts depends on the data: see ``attnlab.data.pairs`` (``coupling``) and docs/results.md.
+
 The axial model's row (column) attention is exactly full attention over the flattened grid with a
 mask that keeps each token's own row (column) — tested in tests/test_evoformer.py — so the flat
 baseline sees strictly more token pairs per layer; what it lacks is the factorised attention
@@ -49,9 +55,11 @@ from ..nn.axial import AxialAttention, AxialAttentionConfig
 from ..nn.blocks import BlockConfig, Encoder
 
 __all__ = ["EvoformerConfig", "Evoformer", "EvoformerBlock", "OuterProductMean", "TriangleMultiplication",
-           "matched_flat_size", "KINDS"]
+           "matched_flat_size", "KINDS", "ABLATIONS"]
 
 KINDS = ("axial", "flat")
+# the parts of an Evoformer block an ablation can remove (from every block)
+ABLATIONS = ("row-attention", "column-attention", "pair-bias", "outer-product-mean")
 
 
 @dataclass
@@ -73,13 +81,26 @@ class EvoformerConfig:
                                      # False: after the MSA updates (AF2). First, block 1's pair track reads
                                      # the raw symbols: on the contact task the model then leaves the base
                                      # rate within ~200 steps; AF2's order stayed there past 300 (measured)
+    final_init: bool = True          # AF2's "final" init: each residual update's last linear starts at zero.
+                                     # False: PyTorch's default there (see EvoformerBlock: needed where the
+                                     # signal is a three-way interaction, as in coupling="tagged")
     flat_dim: Optional[int] = None   # the flat model's width; None = matched to the axial model's size
     flat_ff: Optional[int] = None    # the flat MLPs' hidden width; None = matched with flat_dim, else 4 flat_dim
     backend: str = "auto"            # attention backend by name
+    ablate: tuple = ()               # names from ABLATIONS: parts removed from every axial block
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}; choose one of {KINDS}")
+        if isinstance(self.ablate, str):
+            self.ablate = (self.ablate,)
+        unknown = [a for a in self.ablate if a not in ABLATIONS]
+        if unknown:
+            raise ValueError(f"unknown ablation(s) {unknown}; choose from {ABLATIONS}")
+        self.ablate = tuple(a for a in ABLATIONS if a in self.ablate)   # canonical order (a JSON list comes back)
+        if self.ablate and self.kind != "axial":
+            raise ValueError(f"ablate={self.ablate} removes parts of the axial Evoformer; the {self.kind!r} "
+                             "model has none of them")
         for name in ("vocab", "max_rows", "max_cols", "n_blocks", "msa_dim", "pair_dim", "n_heads", "head_dim",
                      "opm_dim", "transition", "max_relpos"):
             if getattr(self, name) < 1:
@@ -95,7 +116,7 @@ class EvoformerConfig:
         return asdict(self)
 
     def with_kind(self, kind: str) -> "EvoformerConfig":
-        return replace(self, kind=kind)
+        return replace(self, kind=kind, ablate=())
 
 
 class Transition(nn.Module):
@@ -157,10 +178,13 @@ class EvoformerBlock(nn.Module):
         super().__init__()
         self.opm_first = cfg.opm_first
         attn = dict(dim=cfg.msa_dim, n_heads=cfg.n_heads, head_dim=cfg.head_dim, backend=cfg.backend)
-        self.row_attn = AxialAttention(AxialAttentionConfig(axis="row", pair_dim=cfg.pair_dim, **attn))
-        self.col_attn = AxialAttention(AxialAttentionConfig(axis="col", **attn))
+        gone = set(cfg.ablate)              # ablated parts are not built: no parameters, no computation
+        bias_dim = None if "pair-bias" in gone else cfg.pair_dim
+        self.row_attn = (None if "row-attention" in gone
+                         else AxialAttention(AxialAttentionConfig(axis="row", pair_dim=bias_dim, **attn)))
+        self.col_attn = None if "column-attention" in gone else AxialAttention(AxialAttentionConfig(axis="col", **attn))
         self.msa_transition = Transition(cfg.msa_dim, cfg.transition)
-        self.opm = OuterProductMean(cfg.msa_dim, cfg.pair_dim, cfg.opm_dim)
+        self.opm = None if "outer-product-mean" in gone else OuterProductMean(cfg.msa_dim, cfg.pair_dim, cfg.opm_dim)
         self.triangles = nn.ModuleList()
         if cfg.triangle:
             self.triangles.extend([TriangleMultiplication(cfg.pair_dim, outgoing=True),
@@ -168,18 +192,25 @@ class EvoformerBlock(nn.Module):
         self.pair_transition = Transition(cfg.pair_dim, cfg.transition)
         # AF2's "final" init (supplement 1.11.4): the last linear of every residual update starts at
         # zero, so each block starts as the identity and the symbols reach the outer product intact.
-        for last in (self.row_attn.to_out, self.col_attn.to_out, self.msa_transition.net[-1], self.opm.out,
-                     self.pair_transition.net[-1], *(t.out for t in self.triangles)):
+        parts = (self.row_attn, self.col_attn, self.opm)
+        # With final_init=False the updates start random: a signal that only a product of two updates can
+        # see (attention bringing a tag in, then a transition combining it with the residue) has zero
+        # gradient while both are zero, and training sat at the base rate (measured, docs/results.md).
+        for last in () if not cfg.final_init else (*(p.to_out if isinstance(p, AxialAttention) else p.out for p in parts if p is not None),
+                     self.msa_transition.net[-1], self.pair_transition.net[-1], *(t.out for t in self.triangles)):
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
 
     def forward(self, m: Tensor, z: Tensor, capture: Optional[list] = None) -> tuple[Tensor, Tensor]:
-        if self.opm_first:
+        """capture: receives the row then the column attention's AxialIntermediates (those not ablated)."""
+        if self.opm_first and self.opm is not None:
             z = z + self.opm(m)
-        m = m + _attend(self.row_attn, capture, m, z)
-        m = m + _attend(self.col_attn, capture, m)
+        if self.row_attn is not None:
+            m = m + _attend(self.row_attn, capture, m, *(() if self.row_attn.cfg.pair_dim is None else (z,)))
+        if self.col_attn is not None:
+            m = m + _attend(self.col_attn, capture, m)
         m = m + self.msa_transition(m)
-        if not self.opm_first:
+        if not self.opm_first and self.opm is not None:
             z = z + self.opm(m)
         for tri in self.triangles:
             z = z + tri(z)
@@ -242,7 +273,8 @@ class Evoformer(nn.Module):
         """Logits (B, C, C), symmetric, for msa (B, R, C) int64 symbols in [0, vocab).
 
         ``capture``: a list that receives each attention's weights: per block the row then the
-        column ``AxialIntermediates`` (axial), or each layer's ``Intermediates`` (flat; (B, H, RC, RC)).
+        column ``AxialIntermediates`` (axial; ablated ones are skipped), or each layer's
+        ``Intermediates`` (flat; (B, H, RC, RC)).
         """
         self._check(msa)
         if self.cfg.kind == "axial":
@@ -301,10 +333,10 @@ def matched_flat_size(cfg: EvoformerConfig) -> tuple[int, int]:
     The width is the largest multiple of n_heads whose model (with 4x MLPs) is not larger; then the
     MLP hidden width, which adds ``n_blocks (2 flat_dim + 1)`` parameters per unit, closes the gap.
     """
-    target = Evoformer(replace(cfg, kind="axial", flat_dim=None, flat_ff=None)).num_params()
+    target = Evoformer(replace(cfg, kind="axial", flat_dim=None, flat_ff=None, ablate=())).num_params()
 
     def size(d: int, ff: Optional[int] = None) -> int:
-        return Evoformer(replace(cfg, kind="flat", flat_dim=d, flat_ff=ff or 4 * d)).num_params()
+        return Evoformer(replace(cfg, kind="flat", flat_dim=d, flat_ff=ff or 4 * d, ablate=())).num_params()
 
     h = cfg.n_heads
     if size(h) > target:

@@ -6,6 +6,11 @@ the Evoformer-style model, ``--model flat`` the non-axial baseline of equal para
 (``attnlab.models.evoformer``). Training and validation batches come from disjoint contact maps
 (the "train" and "eval" splits); ``evaluate`` scores a fixed held-out set.
 
+``--ablate NAME ...`` removes parts of every axial block (``models.evoformer.ABLATIONS``: row
+attention, column attention, the pair bias, the outer product mean); ``--coupling tagged`` is the
+data variant whose contacts show only in three columns at once, so only attention can reveal them
+(``data.pairs``). The ablation table in docs/results.md is these flags, one run each.
+
 Metrics (``contact_metrics``), over the pairs i < j of every held-out sample:
 
     contact_f1, precision, recall   a pair is predicted a contact when its logit > 0 (p > 0.5)
@@ -31,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ..data.pairs import PairTaskConfig, draw_pairs
-from ..models.evoformer import KINDS, Evoformer, EvoformerConfig, matched_flat_size
+from ..data.pairs import COUPLINGS
+from ..models.evoformer import ABLATIONS, KINDS, Evoformer, EvoformerConfig, matched_flat_size
 from ..train.task import DrawSampler, TaskSpec
 
 __all__ = ["EvoformerTask", "contact_metrics", "SPEC", "MODEL_DEFAULTS"]
@@ -82,10 +88,10 @@ class EvoformerTask:
     def __init__(self, data: Optional[PairTaskConfig] = None, model: Optional[EvoformerConfig] = None, *,
                  eval_samples: int = 512):
         data = data or PairTaskConfig()
-        model = model or EvoformerConfig(vocab=data.vocab, max_rows=data.rows, max_cols=data.cols,
+        model = model or EvoformerConfig(vocab=data.n_symbols, max_rows=data.rows, max_cols=data.cols,
                                          **MODEL_DEFAULTS)
-        if model.vocab != data.vocab:
-            raise ValueError(f"the model has vocab={model.vocab} but the data use {data.vocab} symbols: "
+        if model.vocab != data.n_symbols:
+            raise ValueError(f"the model has vocab={model.vocab} but the data use {data.n_symbols} symbols: "
                              "make them equal")
         if model.kind == "flat" and (model.max_rows < data.rows or model.max_cols < data.cols):
             raise ValueError(f"the flat model embeds max_rows={model.max_rows}, max_cols={model.max_cols} but the "
@@ -107,8 +113,9 @@ class EvoformerTask:
         return {"name": "pairs", **self.data.to_dict(), "eval_samples": self.eval_samples}
 
     def title(self) -> str:
-        d = self.data
-        return f"({self.model_cfg.kind}) contacts from {d.rows} x {d.cols} MSAs"
+        d, m = self.data, self.model_cfg
+        without = f" without {', '.join(m.ablate)}" if m.ablate else ""
+        return f"({m.kind}{without}) {d.coupling} contacts from {d.rows} x {d.cols} MSAs"
 
     def tokenizer_json(self) -> Optional[str]:
         return None                                   # symbols are ids already
@@ -163,20 +170,33 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=MODEL_DEFAULTS["n_blocks"],
                    help="Evoformer blocks (or flat transformer layers)")
     p.add_argument("--triangle", action="store_true", help="add triangle multiplicative updates to the pair track")
+    p.add_argument("--ablate", nargs="+", choices=ABLATIONS, default=[], metavar="PART",
+                   help=f"remove these parts from every axial block: {', '.join(ABLATIONS)}")
+    p.add_argument("--coupling", choices=COUPLINGS, default="pairwise",
+                   help="pairwise: x_j = pi(x_i), seen by an outer product mean alone; tagged: x_j = pi(x_i + a "
+                        "per-row tag held in another column), seen only after attention brings the tag in")
     p.add_argument("--eval-samples", type=int, default=512, help="held-out samples scored at the end")
 
 
 def _from_args(args: argparse.Namespace) -> EvoformerTask:
-    data = PairTaskConfig(rows=args.rows, cols=args.cols)
-    model = EvoformerConfig(**{**MODEL_DEFAULTS, "n_blocks": args.blocks}, kind=args.kind, vocab=data.vocab,
-                            max_rows=data.rows, max_cols=data.cols, triangle=args.triangle)
+    if args.ablate and args.kind != "axial":
+        raise ValueError(f"--ablate removes parts of the axial Evoformer; --model {args.kind} has none of them")
+    data = PairTaskConfig(rows=args.rows, cols=args.cols, coupling=args.coupling)
+    model = EvoformerConfig(**{**MODEL_DEFAULTS, "n_blocks": args.blocks}, kind=args.kind, vocab=data.n_symbols,
+                            max_rows=data.rows, max_cols=data.cols, triangle=args.triangle, ablate=tuple(args.ablate))
     return EvoformerTask(data, model, eval_samples=args.eval_samples)
 
 
 def _from_checkpoint(ckpt) -> EvoformerTask:
     info = ckpt.extra["data"]
-    data = PairTaskConfig(**{f.name: info[f.name] for f in fields(PairTaskConfig)})
+    data = PairTaskConfig(**{f.name: info[f.name] for f in fields(PairTaskConfig) if f.name in info})
     return EvoformerTask(data, EvoformerConfig(**ckpt.model_config), eval_samples=info["eval_samples"])
+
+
+def _run_name(args: argparse.Namespace) -> str:
+    """evoformer-axial, evoformer-flat; evoformer-tagged-axial-no-row-attention-no-pair-bias, ..."""
+    tagged = "-tagged" if args.coupling == "tagged" else ""
+    return f"evoformer{tagged}-{args.kind}" + "".join(f"-no-{a}" for a in ABLATIONS if a in args.ablate)
 
 
 SPEC = TaskSpec(
@@ -185,7 +205,7 @@ SPEC = TaskSpec(
     add_arguments=_add_arguments,
     from_args=_from_args,
     from_checkpoint=_from_checkpoint,
-    run_name=lambda args: f"evoformer-{args.kind}",        # runs/evoformer-axial, runs/evoformer-flat
+    run_name=_run_name,                                    # runs/evoformer-axial, runs/evoformer-tagged-flat, ...
     train_defaults=dict(steps=None, time_limit_min=4.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=50,
                         weight_decay=0.01, eval_interval=100, eval_iters=4, checkpoint_interval=500),
 )
