@@ -1,0 +1,127 @@
+"""The code claims' models: a GPT and a parameter-matched LSTM trained for the same CPU time, and a bigram.
+
+"The same time" is CPU time on one thread (``time.process_time``), not wall time: the machine is
+shared, and a wall-clock budget would hand whichever model ran while others were busy fewer
+steps. Each architecture's seconds per step are measured over a few steps first; it then gets
+``cpu_budget_s / s_per_step`` steps, trained by the ordinary ``Trainer`` (checkpoints in
+``out/code-<arch>``, loadable by ``attnlab generate`` / ``show`` / ``eval``). A finished run found
+there with the same configuration is reused (the claim says so): that is the cache that lets the
+three code claims share one pair of models, and a later run reuse them.
+
+Example::
+
+    models = code_models(CODE_QUICK_TRAIN, Path("runs/verify/work"))
+    models.gpt, models.lstm, models.bigram, models.data, models.provenance
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..tasks.code import CODE_PRESETS, CodeData, make_code_task, prepare_code_data
+from ..tasks.code_models import BigramLM
+from .exp_sequential import threads
+
+__all__ = ["CodeTrainConfig", "CodeModels", "calibrate", "train_code_model", "code_models"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CodeTrainConfig:
+    preset: str                    # tasks.code.CODE_PRESETS
+    max_bytes: int                 # stdlib source used
+    vocab_size: int                # byte-level BPE
+    cpu_budget_s: float            # per model, one thread
+    batch_size: int = 16
+    lr_gpt: float = 2e-3
+    lr_lstm: float = 3e-3
+    seed: int = 0
+
+    def tag(self) -> str:
+        return f"{self.preset}-{self.max_bytes}-{self.vocab_size}"
+
+
+@dataclass
+class CodeModels:
+    gpt: torch.nn.Module
+    lstm: torch.nn.Module
+    bigram: BigramLM
+    data: CodeData
+    provenance: dict               # per arch: steps, CPU s/step, trained now or reused, directory
+
+
+def calibrate(task, batch_size: int, lr: float, steps: int = 4) -> float:
+    """CPU seconds per training step of a fresh model of ``task`` (one warm-up step, then ``steps`` timed)."""
+    model = task.build_model().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sampler = task.sampler(batch_size, seed=12345)
+    for i in range(steps + 1):
+        if i == 1:
+            t0 = time.process_time()
+        loss = model.loss(*sampler.next())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return (time.process_time() - t0) / steps
+
+
+def _done(out: Path) -> Optional[dict]:
+    meta = out / "code-budget.json"
+    return json.loads(meta.read_text()) if meta.exists() else None
+
+
+def train_code_model(arch: str, cfg: CodeTrainConfig, out: Path, data: Optional[CodeData] = None) -> dict:
+    """Train ``arch`` ("gpt" / "lstm") for ``cfg.cpu_budget_s`` CPU seconds on one thread into ``out``.
+
+    Writes ``out/code-budget.json`` last ({config, steps, cpu_s_per_step, wall_s}), so a run cut
+    short is never mistaken for a finished one.
+    """
+    from ..train import Trainer, TrainConfig
+    if out.exists():                                  # an unfinished run: start again from scratch
+        shutil.rmtree(out)
+    with threads(1):
+        task = make_code_task(arch, cfg.preset, cfg.vocab_size, cfg.max_bytes, data=data)
+        lr = cfg.lr_gpt if arch == "gpt" else cfg.lr_lstm
+        s_per_step = calibrate(task, cfg.batch_size, lr)
+        steps = max(10, int(cfg.cpu_budget_s / s_per_step))
+        tc = TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, min_lr=lr / 20,
+                         warmup_steps=min(100, steps // 10), eval_interval=max(1, steps // 4), eval_iters=5,
+                         checkpoint_interval=steps, seed=cfg.seed, out_dir=str(out))
+        t0, c0 = time.perf_counter(), time.process_time()
+        trainer = Trainer(task, tc, progress=False)
+        trainer.train(plot=False)
+        record = {"config": asdict(cfg), "arch": arch, "steps": steps, "cpu_s_per_step": round(s_per_step, 4),
+                  "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - t0, 1),
+                  "params": sum(p.numel() for p in trainer.model.parameters()), "val_loss": trainer.last_val}
+    (out / "code-budget.json").write_text(json.dumps(record, indent=1))
+    log.info("code %s: %d steps (%.3f CPU s/step) in %.0f s", arch, steps, s_per_step, record["wall_s"])
+    return record
+
+
+def code_models(cfg: CodeTrainConfig, workdir: Path) -> CodeModels:
+    """The GPT, the LSTM (reused from ``workdir/code-<tag>-<arch>`` when finished with this config) and the bigram."""
+    from ..tasks import load_model
+    provenance, models, data = {}, {}, None
+    for arch in ("gpt", "lstm"):
+        out = Path(workdir) / f"code-{cfg.tag()}-{arch}"
+        record = _done(out)
+        if record is not None and record["config"] == asdict(cfg):
+            provenance[arch] = {**record, "source": f"reused: finished run in {out}"}
+        else:
+            if data is None:
+                data = prepare_code_data(cfg.max_bytes, cfg.vocab_size)
+            provenance[arch] = {**train_code_model(arch, cfg, out, data), "source": f"trained now into {out}"}
+        models[arch], task = load_model(out)
+        data = data or task.data
+    bigram = BigramLM.from_ids(data.train_ids, data.tokenizer.vocab_size)
+    if CODE_PRESETS[cfg.preset]["block_size"] != models["gpt"].cfg.block_size:
+        raise ValueError("the reused GPT's context does not match its preset")
+    return CodeModels(models["gpt"], models["lstm"], bigram, data, provenance)
