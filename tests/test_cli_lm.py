@@ -1,6 +1,10 @@
 """attnlab train / generate: a few steps end to end, resume, streaming output, stop strings, errors."""
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
 import sys
 
 import pytest
@@ -105,3 +109,153 @@ def test_bpe_run_generates_any_text(tmp_path, monkeypatch):
                  "--steps", "2", "--out", str(out), *TRAIN]) == 0
     rc, rec = generate(monkeypatch, str(out), "--prompt", "déf ✓", "--max-new-tokens", "5", "--seed", "0")
     assert rc == 0 and "".join(rec.writes).startswith("déf ✓")
+
+
+# -- behaviour that must not surprise (issue #18) ------------------------------------------------------------
+def _tree(path):
+    """{relative path: bytes} of every file under path: to see that a run was left untouched."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_resume_into_another_out_leaves_the_source_run_untouched(tmp_path, capsys):
+    (tmp_path / "code.txt").write_text(TEXT)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    assert main(["train", "gpt", "--data", str(tmp_path / "code.txt"), "--steps", "4", "--checkpoint-interval", "2",
+                 "--out", str(src), *TRAIN]) == 0
+    before = _tree(src)
+    # the stored out_dir names src: a resume must still write where --out says, and prune nothing there
+    assert main(["train", "gpt", "--resume", str(src), "--out", str(dst), "--steps", "8",
+                 "--checkpoint-interval", "2", *TRAIN[-1:]]) == 0
+    assert _tree(src) == before                                             # not one byte changed, nothing pruned
+    assert [p.name for p in sorted(dst.glob("step-*"))] == ["step-000006", "step-000008"]
+    steps = [json.loads(line)["step"] for line in (dst / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == list(range(1, 9))                                        # the branch's log: source history first
+    assert "-> " + str(dst) in capsys.readouterr().err
+    # an older checkpoint of src, branched into a directory holding another run's checkpoints: refused
+    assert main(["train", "gpt", "--resume", str(src / "step-000002"), "--out", str(dst), "--steps", "6",
+                 *TRAIN[-1:]]) == 2
+    assert "already holds checkpoints of another run" in capsys.readouterr().err
+    assert _tree(src) == before
+
+
+def test_resume_defaults_to_the_checkpoints_own_directory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "code.txt").write_text(TEXT)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "gpt", "--data", "code.txt", "--steps", "2", "--out", "runA", *TRAIN]) == 0
+    moved = tmp_path / "elsewhere" / "runB"
+    moved.parent.mkdir()
+    (tmp_path / "runA").rename(moved)                                        # stored out_dir "runA" is gone
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", "gpt", "--resume", str(moved / "step-000002"), "--steps", "3", *TRAIN[-1:]]) == 0
+    assert (moved / "step-000003").is_dir() and not (tmp_path / "elsewhere" / "runA").exists()
+    assert main(["train", "gpt", "--resume", "--steps", "4", *TRAIN[-1:]]) == 2
+    assert "--resume needs the run to continue" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--time-limit", "-1"], "--time-limit must be a positive number"),
+    (["--warmup", "-3"], "--warmup must be >= 0"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--eval-iters", "0"], "--eval-iters must be >= 1"),
+    (["--lr", "1e-6"], "--lr"),                                              # below the preset's min_lr
+    (["--out", "README.md"], "--out README.md is a file"),
+    (["--out", "/proc/nope"], "--out /proc/nope cannot be created"),
+])
+def test_train_errors_name_flags(tmp_path, monkeypatch, capsys, argv, flag):
+    (tmp_path / "code.txt").write_text(TEXT)
+    (tmp_path / "README.md").write_text("a file, not a run directory")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["train", "gpt", "--data", "code.txt", "--steps", "2", *TRAIN, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"attnlab: error: {flag}" in err and "Traceback" not in err, err
+    assert not re.search(r"\b(time_limit_min|warmup_steps|batch_size|eval_iters)\b", err), err
+    if "--lr" in argv:
+        assert "is below min_lr=" in err and "give a larger --lr" in err
+
+
+def test_time_limit_wins_over_a_presets_step_count():
+    from attnlab.cli import build_parser
+    from attnlab.cli_train import _overrides
+    from attnlab.tasks import get_spec
+    from attnlab.train import TrainConfig
+    args = build_parser().parse_args(["train", "gpt", "--preset", "nano", "--time-limit", "1"])
+    cfg = TrainConfig(**{**get_spec("gpt").defaults_for(args), **_overrides(args)})
+    assert cfg.steps is None and cfg.time_limit_min == 1.0                    # sized to fit the minute, not 500 steps
+    both = build_parser().parse_args(["train", "gpt", "--preset", "nano", "--time-limit", "1", "--steps", "50"])
+    cfg = TrainConfig(**{**get_spec("gpt").defaults_for(both), **_overrides(both)})
+    assert (cfg.steps, cfg.time_limit_min) == (50, 1.0)                        # both: whichever comes first
+
+
+def test_ctrl_c_in_train_saves_and_exits_130(tmp_path, monkeypatch, capsys):
+    from attnlab.train import load_checkpoint
+    from attnlab.train.trainer import Trainer
+    (tmp_path / "code.txt").write_text(TEXT)
+    real = Trainer._train_step
+
+    def step_then_interrupt(self):
+        loss = real(self)
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGINT)                               # as Ctrl-C would, during step 2
+        return loss
+
+    monkeypatch.setattr(Trainer, "_train_step", step_then_interrupt)
+    rc = main(["train", "gpt", "--data", str(tmp_path / "code.txt"), "--steps", "50", "--out", str(tmp_path / "r"),
+               *TRAIN])
+    assert rc == 130 and load_checkpoint(tmp_path / "r").step == 2
+    assert "--resume" in capsys.readouterr().out                                # how to continue
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-k", "0"], "--top-k must be >= 1"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--prompt", ""], "--prompt must not be empty"),
+])
+def test_generate_checks_its_flags_before_printing_anything(run_dir, monkeypatch, capsys, argv, flag):
+    rc, rec = generate(monkeypatch, str(run_dir), "--prompt", "def f", *argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"attnlab: error: {flag}" in err and "Traceback" not in err
+    assert rec.writes == []                                                    # the prompt was not echoed first
+
+
+def test_ctrl_c_in_generate_ends_the_line_without_a_traceback(run_dir, monkeypatch, capsys):
+    class Interrupting(Recorder):
+        def write(self, s):
+            super().write(s)
+            if len(self.writes) == 4:
+                raise KeyboardInterrupt
+
+    rec = Interrupting()
+    monkeypatch.setattr(sys, "stdout", rec)
+    rc = main(["generate", str(run_dir), "--prompt", "def", "--max-new-tokens", "50", "--seed", "0"])
+    monkeypatch.undo()
+    assert rc == 130 and rec.writes[-1] == "\n"
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_generate_needs_only_the_weights(run_dir, tmp_path, monkeypatch):
+    import shutil
+    copy = tmp_path / "weights-only"
+    shutil.copytree(run_dir, copy)
+    for state in copy.glob("step-*/train_state.safetensors"):
+        state.unlink()                                                         # e.g. shipped without optimizer state
+    rc, rec = generate(monkeypatch, str(copy), "--prompt", "def", "--max-new-tokens", "5", "--seed", "2")
+    _, ref = generate(monkeypatch, str(run_dir), "--prompt", "def", "--max-new-tokens", "5", "--seed", "2")
+    assert rc == 0 and "".join(rec.writes) == "".join(ref.writes)
+    assert main(["eval", str(copy)]) == 0
+
+
+def test_generate_without_seed_differs_between_runs(run_dir, monkeypatch):
+    texts = {"".join(generate(monkeypatch, str(run_dir), "--prompt", "d", "--max-new-tokens", "40")[1].writes)
+             for _ in range(3)}
+    assert len(texts) > 1                                                      # "default: random", as --help says
+
+
+def test_context_fill_warns_once(run_dir, monkeypatch, capsys):
+    rc, rec = generate(monkeypatch, str(run_dir), "--prompt", "def", "--max-new-tokens", "60", "--seed", "0")
+    err = capsys.readouterr().err
+    assert rc == 0 and err.count("the context (16 tokens) is full") == 1, err

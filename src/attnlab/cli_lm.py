@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_util import fail
+from .cli_util import EXIT_INTERRUPTED, fail
 
 __all__ = ["add_generate", "stream_with_stops"]
 
@@ -34,22 +34,49 @@ def stream_with_stops(pieces, stops: list[str]):
     yield text[sent:]
 
 
+def _check_sampling(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, before anything is loaded or printed."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not 0 <= args.temperature < float("inf"):
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not args.prompt:
+        raise ValueError("--prompt must not be empty (the model needs at least one token to continue)")
+
+
 def _run_generate(args: argparse.Namespace) -> int:
+    try:
+        return _generate(args)
+    except KeyboardInterrupt:                  # Ctrl-C while streaming: end the line, no traceback
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print("attnlab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import secrets
+
     import torch
 
     from .data.tokenization import IncrementalDecoder
     from .train import CheckpointError, load_gpt
     try:
+        _check_sampling(args)
         model, tok = load_gpt(args.checkpoint)
-        if not args.prompt:
-            return fail("--prompt must not be empty (the model needs at least one token to continue)")
         ids = tok.encode(args.prompt)
         if len(ids) > model.cfg.block_size:
             print(f"warning: the prompt is {len(ids)} tokens, the context holds {model.cfg.block_size}: "
                   f"only its last {model.cfg.block_size} tokens are used", file=sys.stderr)
             ids = ids[-model.cfg.block_size:]
+        # no --seed: a fresh one each run (the library's default would repeat torch's global state)
+        seed = args.seed if args.seed is not None else secrets.randbits(63)
         stream = model.generate_tokens(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,
-                                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
+                                       top_k=args.top_k, top_p=args.top_p, seed=seed, use_cache=not args.no_cache)
         decoder = IncrementalDecoder(tok)
 
         def pieces():
@@ -75,7 +102,7 @@ def add_generate(sub) -> None:
                                    "(with a warning).")
     g.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a step-NNNNNN directory")
     g.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
-    g.add_argument("--max-new-tokens", type=int, default=200)
+    g.add_argument("--max-new-tokens", type=int, default=200, help="tokens to sample, >= 1 (default 200)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     g.add_argument("--top-p", type=float, help="nucleus sampling: the smallest set with probability >= p")

@@ -3,6 +3,7 @@
     attnlab train gpt --data docs --preset micro                  # char-level, time-budgeted (see TRAIN_PRESETS)
     attnlab train gpt --data stdlib --preset nano --tokenizer bpe --steps 300 --out runs/code
     attnlab train gpt --out runs/code --resume --steps 600        # continue (same data, same schedule unless changed)
+    attnlab train gpt --resume runs/code --out runs/code2 --steps 900   # a branch: runs/code is only read
     attnlab train seq2seq --task reversal                         # the other models of the theory (attnlab.tasks)
     attnlab eval runs/seq2seq-reversal                            # the task metric of a saved model
     torchrun --nproc_per_node=4 -m attnlab train gpt --preset mini --batch-size 64   # data-parallel, 16 rows each
@@ -13,29 +14,78 @@ trains its slice of the global ``--batch-size``; only rank 0 writes (checkpoints
 and the other ranks log warnings only (see ``train/distributed.py``).
 
 Results go to stdout, progress and warnings to stderr. Errors (unknown data path, a broken
-checkpoint, bad options) end with "attnlab: error: ..." and exit status 2.
+checkpoint, bad options) end with "attnlab: error: ..." naming the flag, and exit status 2. Ctrl-C
+finishes the step, saves a checkpoint and exits with status 130.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .cli_util import fail
+from .cli_util import EXIT_INTERRUPTED, fail
 from .tasks import get_spec, task_names
 
 __all__ = ["add_train", "add_eval"]
 
 
+# TrainConfig field -> the flag that sets it (errors name the flag, never the field)
+FLAGS = {"steps": "--steps", "time_limit_min": "--time-limit", "batch_size": "--batch-size", "lr": "--lr",
+         "grad_accum": "--grad-accum", "seed": "--seed", "bf16": "--bf16", "eval_interval": "--eval-interval",
+         "eval_iters": "--eval-iters", "checkpoint_interval": "--checkpoint-interval", "warmup_steps": "--warmup"}
+_AT_LEAST_ONE = ("steps", "batch_size", "grad_accum", "eval_interval", "eval_iters", "checkpoint_interval")
+
+
+def _flag_values(args: argparse.Namespace) -> dict:
+    """{field: value} of the trainer flags given on the command line."""
+    dests = {"time_limit_min": "time_limit", "warmup_steps": "warmup"}
+    return {f: getattr(args, dests.get(f, f)) for f in FLAGS if getattr(args, dests.get(f, f)) is not None}
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag for a value no run can use (before any data is read)."""
+    given = _flag_values(args)
+    for field in _AT_LEAST_ONE:
+        if field in given and given[field] < 1:
+            raise ValueError(f"{FLAGS[field]} must be >= 1, got {given[field]}")
+    if given.get("warmup_steps", 0) < 0:
+        raise ValueError(f"--warmup must be >= 0 steps, got {given['warmup_steps']}")
+    for field, unit in (("time_limit_min", " minutes"), ("lr", "")):
+        if field in given and not 0 < given[field] < float("inf"):
+            raise ValueError(f"{FLAGS[field]} must be a positive number{unit}, got {given[field]}")
+
+
 def _overrides(args: argparse.Namespace) -> dict:
-    """TrainConfig fields given explicitly on the command line."""
-    given = {"steps": args.steps, "time_limit_min": args.time_limit, "batch_size": args.batch_size, "lr": args.lr,
-             "grad_accum": args.grad_accum, "seed": args.seed, "bf16": args.bf16, "eval_interval": args.eval_interval,
-             "eval_iters": args.eval_iters, "checkpoint_interval": args.checkpoint_interval,
-             "warmup_steps": args.warmup}
-    over = {k: v for k, v in given.items() if v is not None}
+    """TrainConfig fields given explicitly on the command line.
+
+    --steps alone replaces a time budget; --time-limit alone replaces a step count (a preset's or a
+    checkpoint's): the schedule is sized to fit the time. Given both, the run stops at whichever comes first.
+    """
+    over = _flag_values(args)
     if args.steps is not None and args.time_limit is None:
         over["time_limit_min"] = None                       # an explicit step count replaces a time budget
+    if args.time_limit is not None and args.steps is None:
+        over["steps"] = None                                # an explicit time budget replaces a step count
     return over
+
+
+def _config_error(e: ValueError) -> ValueError:
+    """A TrainConfig error in terms of flags ("lr" -> "--lr"); min_lr, which has no flag, is said to be the preset's."""
+    import re
+    msg = re.sub(r"\b(" + "|".join(FLAGS) + r")\b", lambda m: FLAGS[m.group(1)], str(e))
+    return ValueError(msg + ("; min_lr comes from the preset or task: give a larger --lr" if "min_lr" in msg else ""))
+
+
+def _out_dir(path: str) -> str:
+    """--out as a usable directory (created now): a clear error for a file or an unwritable place."""
+    from pathlib import Path
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {path} is a file: give a directory for the run (it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {path} cannot be created: {e.strerror or e}; give a writable directory") from None
+    return path
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -61,23 +111,35 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _make_trainer(args: argparse.Namespace, spec, dist, say):
     from .train import Trainer, TrainConfig, load_checkpoint
-    if args.resume:
-        if args.out is None:
-            raise ValueError("--resume needs --out DIR, the run directory to continue")
-        ckpt = load_checkpoint(args.out)
+    _check_flags(args)
+    if args.resume is not None:
+        source = args.resume or args.out                    # --resume CHECKPOINT, or --out DIR --resume
+        if not source:
+            raise ValueError("--resume needs the run to continue: --resume RUN_DIR (or a step-NNNNNN directory), "
+                             "or --out RUN_DIR --resume")
+        ckpt = load_checkpoint(source)
         trained = ckpt.extra.get("task", "gpt")
         if trained != spec.name:
-            raise ValueError(f"the run in {args.out} trained {trained!r}, not {spec.name!r}: "
-                             f"resume it with `attnlab train {trained} --out {args.out} --resume`")
+            raise ValueError(f"the run in {source} trained {trained!r}, not {spec.name!r}: "
+                             f"resume it with `attnlab train {trained} --resume {source}`")
         info = ckpt.extra.get("data", {})
         if getattr(args, "data", None) is not None and args.data != info.get("name"):
-            raise ValueError(f"the run in {args.out} was trained on {info.get('name')!r}, not {args.data!r}")
+            raise ValueError(f"the run in {source} was trained on {info.get('name')!r}, not {args.data!r}")
         task = spec.from_checkpoint(ckpt)
-        trainer = Trainer.from_checkpoint(ckpt, task, progress=not args.no_progress, dist=dist, **_overrides(args))
-        say(f"resuming {ckpt.path} at step {ckpt.step}", file=sys.stderr)
+        out = _out_dir(args.out) if args.out is not None else None    # None: the checkpoint's run directory
+        try:
+            trainer = Trainer.from_checkpoint(ckpt, task, progress=not args.no_progress, dist=dist,
+                                              **_overrides(args), out_dir=out)
+        except ValueError as e:
+            raise _config_error(e) from None
+        say(f"resuming {ckpt.path} at step {ckpt.step} -> {trainer.out}", file=sys.stderr)
         return trainer
-    out = args.out or spec.run_dir(args)
-    cfg = TrainConfig(**{**spec.defaults_for(args), "out_dir": out, **_overrides(args)})
+    out = _out_dir(args.out or spec.run_dir(args))
+    fields = {**spec.defaults_for(args), "out_dir": out}
+    try:
+        cfg = TrainConfig(**{**fields, **_overrides(args)})
+    except ValueError as e:
+        raise _config_error(e) from None
     args.val_fraction = cfg.val_fraction
     task = spec.from_args(args)
     trainer = Trainer(task, cfg, progress=not args.no_progress, dist=dist)
@@ -118,7 +180,7 @@ def _train(args: argparse.Namespace, dist) -> int:
         print(f"sample: attnlab generate {out} --prompt 'The ' --max-new-tokens 200 --top-k 20")
     else:
         print(f"evaluate again: attnlab eval {out}")
-    return 0
+    return EXIT_INTERRUPTED if trainer.interrupted else 0    # Ctrl-C: saved, but the run did not finish
 
 
 def _add_trainer_options(t: argparse.ArgumentParser) -> None:
@@ -132,12 +194,16 @@ def _add_trainer_options(t: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, help="peak learning rate")
     g.add_argument("--warmup", type=int, help="warmup steps")
     g.add_argument("--bf16", choices=["auto", "on", "off"], help="bfloat16 autocast (auto: off on CPU, measured)")
-    g.add_argument("--eval-interval", type=int)
-    g.add_argument("--eval-iters", type=int)
-    g.add_argument("--checkpoint-interval", type=int)
-    g.add_argument("--seed", type=int)
+    g.add_argument("--eval-interval", type=int, help="steps between validation losses (default: the preset's)")
+    g.add_argument("--eval-iters", type=int,
+                   help="validation batches averaged per evaluation (default: the preset's, else 20)")
+    g.add_argument("--checkpoint-interval", type=int,
+                   help="steps between checkpoints; one is always written at the end (default: the preset's)")
+    g.add_argument("--seed", type=int, help="seed of the model's init, batch order and dropout (default 0)")
     g.add_argument("--out", help="run directory (default runs/NAME-...)")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    g.add_argument("--resume", nargs="?", const="", metavar="CHECKPOINT",
+                   help="continue a run from its latest checkpoint: alone, the run in --out; with CHECKPOINT (a run "
+                        "or step-NNNNNN directory), that one, writing to --out (default: its own run directory)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--dist-timeout", type=float, default=300.0, metavar="SEC",
                    help="under torchrun: fail (not hang) when another process is silent this long (default 300)")

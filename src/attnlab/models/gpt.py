@@ -27,7 +27,7 @@ from ..nn import BlockConfig, TransformerBlock
 from ..nn.blocks import make_norm
 from ..positional import LearnedEncoding, SinusoidalEncoding
 from ..presets import from_preset
-from .sampling import sample_next
+from .sampling import check_sampling, sample_next
 
 __all__ = ["GPTConfig", "GPT", "PRESETS"]
 
@@ -148,32 +148,55 @@ class GPT(nn.Module):
         capacity = capacity or self.cfg.block_size
         return [b.self_attn.new_cache(batch, capacity) for b in self.blocks]
 
-    @torch.no_grad()
     def generate_tokens(self, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                         top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
                         use_cache: bool = True) -> Iterator[Tensor]:
         """Yield the next token ids (B,) one step at a time (for streaming).
 
-        A prompt longer than block_size is cropped from the left (with a warning). When the
-        context fills up, the model continues on the last block_size // 2 tokens (re-encoded).
+        Arguments are checked here, before the first token (a ValueError, not a failure mid-stream).
+        ``seed=None`` samples from a private copy of torch's global RNG state: ``torch.manual_seed``
+        makes it reproducible, and the global RNG is neither advanced nor reseeded (so two unseeded
+        calls in a row give the same sample; pass ``seed=`` to vary it). A prompt longer than
+        block_size is cropped from the left (with a warning). When the context fills up, the model
+        continues on the last block_size // 2 tokens (re-encoded), with a warning the first time.
         """
-        was_training = self.training
-        self.eval()
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         gen = torch.Generator(device=idx.device)
-        gen.manual_seed(seed if seed is not None else torch.seed())
+        if seed is not None:
+            gen.manual_seed(seed)
+        elif idx.device.type == "cuda":
+            gen.set_state(torch.cuda.get_rng_state(idx.device))
+        else:
+            gen.set_state(torch.get_rng_state())           # a copy: the global generator is left as it was
         T = self.cfg.block_size
         if idx.shape[1] > T:
             log.warning("prompt of %d tokens is longer than the context (%d): keeping the last %d",
                         idx.shape[1], T, T)
             idx = idx[:, -T:]
+        return self._sample(idx, max_new_tokens, gen, dict(temperature=temperature, top_k=top_k, top_p=top_p),
+                            use_cache)
+
+    @torch.no_grad()
+    def _sample(self, idx: Tensor, max_new_tokens: int, gen: torch.Generator, knobs: dict,
+                use_cache: bool) -> Iterator[Tensor]:
+        """generate_tokens' loop (a generator: it runs as tokens are taken)."""
+        was_training = self.training
+        self.eval()
+        T, warned = self.cfg.block_size, False
         try:
             context, cache = idx, (self.new_cache(idx.shape[0]) if use_cache else None)
             logits = self(context, cache=cache)[:, -1]                  # (B, V)
             for _ in range(max_new_tokens):
-                nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+                nxt = sample_next(logits, **knobs, generator=gen)
                 yield nxt
                 context = torch.cat([context, nxt[:, None]], dim=1)
                 if context.shape[1] > T:                               # full: restart on the recent half
+                    if not warned:
+                        log.warning("the context (%d tokens) is full: generation continues on the last %d "
+                                    "tokens, so later text no longer sees the start", T, T // 2)
+                        warned = True
                     context = context[:, -(T // 2):]
                     cache = self.new_cache(idx.shape[0]) if use_cache else None
                     logits = self(context, cache=cache)[:, -1]

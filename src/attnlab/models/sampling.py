@@ -11,18 +11,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["sample_next"]
+__all__ = ["sample_next", "check_sampling"]
 
 
-def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: Optional[int] = None,
-                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
-    """One token id per row of logits (B, V). temperature 0 = greedy (argmax)."""
-    if temperature < 0:
+def check_sampling(*, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None) -> None:
+    """ValueError for knobs no sampler can use (negative or non-finite temperature, top_k < 1, top_p outside (0, 1])."""
+    if not 0 <= temperature < float("inf"):
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: Optional[int] = None,
+                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+    """One token id per row of logits (B, V). temperature 0 = greedy (argmax)."""
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)

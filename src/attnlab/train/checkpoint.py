@@ -219,14 +219,21 @@ def _read_tensors(ckpt: Path, name: str, meta: dict) -> dict[str, Tensor]:
     return st_load(data)
 
 
-def load_checkpoint(path: PathLike) -> Checkpoint:
-    """Read and verify a checkpoint (a step-* directory, or a run directory: its latest checkpoint)."""
+def load_checkpoint(path: PathLike, *, train_state: bool = True) -> Checkpoint:
+    """Read and verify a checkpoint (a step-* directory, or a run directory: its latest checkpoint).
+
+    ``train_state=False`` reads only the weights and configs (enough to use the model, not to resume):
+    train_state.safetensors may then be missing; the Checkpoint has no optimizer state and no RNG states.
+    """
     ckpt = resolve_checkpoint(path)
     meta = _read_meta(ckpt)
     weights = _read_tensors(ckpt, MODEL_FILE, meta)
-    state = _read_tensors(ckpt, STATE_FILE, meta)
     for alias, target in meta["aliases"].items():
         weights[alias] = weights[target]
+    if not train_state:
+        return Checkpoint(ckpt, meta["step"], meta["model_config"], meta["train_config"], meta["tokenizer"],
+                          weights, None, {}, meta["extra"])
+    state = _read_tensors(ckpt, STATE_FILE, meta)
     optimizer = _join_optimizer(meta["optimizer"], state) if meta["optimizer"] is not None else None
     rng = {k[len("rng."):]: v for k, v in state.items() if k.startswith("rng.")}
     return Checkpoint(ckpt, meta["step"], meta["model_config"], meta["train_config"], meta["tokenizer"],
@@ -244,7 +251,7 @@ def load_gpt(path: PathLike, *, device: Union[str, torch.device] = "cpu"):
     """
     from ..data.tokenization import tokenizer_from_json
     from ..models import GPT, GPTConfig
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, train_state=False)          # weights only: generation needs nothing else
     model = GPT(GPTConfig(**ckpt.model_config))
     model.load_state_dict(ckpt.model_state)
     return model.to(device).eval(), tokenizer_from_json(ckpt.tokenizer_json)

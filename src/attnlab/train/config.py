@@ -64,9 +64,11 @@ class TrainConfig:
                      "keep_checkpoints", "calibrate_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0 or not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"need warmup_steps >= 0 and 0 <= min_lr <= lr, got warmup_steps={self.warmup_steps}, "
-                             f"min_lr={self.min_lr}, lr={self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"lr={self.lr} is below min_lr={self.min_lr}, the rate the schedule decays to "
+                             "(need 0 <= min_lr <= lr)")
         if self.bf16 not in BF16_CHOICES:
             raise ValueError(f"bf16 must be one of {BF16_CHOICES}, got {self.bf16!r}")
         if self.grad_clip is not None and self.grad_clip <= 0:

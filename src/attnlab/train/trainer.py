@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import signal
 import threading
 import time
@@ -68,6 +69,12 @@ class Trainer:
         if checkpoint is None and list_checkpoints(self.out):
             raise ValueError(f"{self.out} already holds checkpoints ({list_checkpoints(self.out)[-1].name}); "
                              "resume it (--resume) or choose another output directory (--out)")
+        source = checkpoint.path.parent if checkpoint is not None else None
+        elsewhere = source is not None and not _same_dir(source, self.out)
+        if elsewhere and list_checkpoints(self.out):      # pruning there would delete another run's checkpoints
+            raise ValueError(f"{self.out} already holds checkpoints of another run "
+                             f"({list_checkpoints(self.out)[-1].name}); resuming {checkpoint.path} there would mix "
+                             "two runs and prune theirs: choose an empty or new output directory (--out)")
         here = f"step-{checkpoint.step:06d}" if checkpoint is not None else None
         newer = [c.name for c in list_checkpoints(self.out) if here is not None and c.name > here]
         if newer:
@@ -93,20 +100,30 @@ class Trainer:
         # time-budgeted: no step count given, or one sized from the budget before this resume
         self.budgeted = cfg.time_limit_min is not None and (cfg.steps is None or "calibration" in self.extra)
         self.saved_step = self.evaluated_step = self.step if checkpoint is not None else None
+        if elsewhere and self.dist.is_main:              # a branch: its log starts with the source's history
+            _copy_history(source / "metrics.jsonl", self.out / "metrics.jsonl")
         self.metrics = (MetricsLog(self.out / "metrics.jsonl", resume_step=self.step if checkpoint else None)
                         if self.dist.is_main else QuietLog())
         self.last_val: Optional[float] = None
         self.eval_seconds: Optional[float] = None        # the last evaluation's duration
         self.eval_total = 0.0                             # all evaluations' (time budgeting leaves them out)
+        self.interrupted = False                          # the last train() call was stopped by Ctrl-C
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, task: Task, *, progress: bool = True,
                         dist: Optional[DistContext] = None, **overrides) -> "Trainer":
-        """Continue the run saved in ckpt (task rebuilt from it); overrides change TrainConfig fields."""
+        """Continue the run saved in ckpt (task rebuilt from it); overrides change TrainConfig fields.
+
+        The run continues in ``out_dir`` if given, else in the checkpoint's own run directory
+        (``ckpt.path.parent``, wherever it now lies: never the ``out_dir`` string stored in it, which
+        is relative to the directory the run was started from). A different ``out_dir`` starts a
+        branch there (it must hold no checkpoints; the source run is only read).
+        """
         if json.loads(json.dumps(task.model_config())) != ckpt.model_config:
             raise ValueError(f"the task's model config {task.model_config()} differs from the checkpoint's "
                              f"{ckpt.model_config}; rebuild the task from the checkpoint (TaskSpec.from_checkpoint)")
-        cfg = TrainConfig.from_dict({**ckpt.train_config, **overrides})
+        overrides = {k: v for k, v in overrides.items() if k != "out_dir" or v is not None}
+        cfg = TrainConfig.from_dict({**ckpt.train_config, "out_dir": str(ckpt.path.parent), **overrides})
         if overrides.get("steps") is not None:                 # an explicit length ends time budgeting
             ckpt.extra.pop("calibration", None)
         return cls(task, cfg, progress=progress, checkpoint=ckpt, dist=dist)
@@ -273,7 +290,8 @@ class Trainer:
                                 **{f"{self.task.unit}_s": f"{units_per_step / step_s:.0f}"}, refresh=False)
         finally:
             bar.close()
-            if old_handler is not None and stop["why"] != "interrupted":
+            self.interrupted = stop["why"] == "interrupted"
+            if old_handler is not None and not self.interrupted:
                 signal.signal(signal.SIGINT, old_handler)
         if self.evaluated_step != self.step:
             self._evaluate_and_log()
@@ -286,6 +304,18 @@ class Trainer:
                                   f"{getattr(self.task, 'title', lambda: '')()}".rstrip(),
                             ylabel=getattr(self.task, "loss_label", "training loss (the model's loss)"))
         return losses
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    """Whether two paths name the same directory (b may not exist yet)."""
+    return a.resolve() == b.resolve()
+
+
+def _copy_history(src: Path, dst: Path) -> None:
+    """Start a branched run's metrics.jsonl with its source's (MetricsLog then drops records after the step)."""
+    if src.is_file() and not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
 
 
 def _num_params(model: torch.nn.Module) -> int:
