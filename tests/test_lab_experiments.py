@@ -15,14 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.lab.claims import Claim, VerifyContext
+from attnlab.lab.claims import Claim, VerifyContext, all_passed
 from attnlab.lab.exp_longrange import (LONGRANGE_FULL, LONGRANGE_QUICK, LagLSTM, LagTransformer, LongRangeConfig,
                                        claim_long_range_dependencies, copy_batch, evaluate_copy, judge_longrange,
                                        matched_lstm, num_params, train_copy)
-from attnlab.lab.exp_pretrained import (SAT_AWARD_SENTENCE, head_statistics, judge_head_diversity, judge_sat_award,
-                                        sat_award_link, token_index)
-from attnlab.lab.exp_sequential import (critical_path, judge_critical_path, judge_wall_time, layers_for_timing,
-                                        native_rnn, threads)
+from attnlab.lab.exp_pretrained import (SAT_AWARD_SENTENCE, control_pairs, head_statistics, judge_head_diversity,
+                                        judge_sat_award, linking_heads, quantile_spread, sat_award_link, token_index)
+from attnlab.lab.exp_sequential import (critical_path, judge_critical_path, judge_wall_time, layer_flops,
+                                        layers_for_timing, native_rnn, threads)
 from attnlab.nn import AttentionConfig, MultiHeadAttention
 from attnlab.nn.rnn import ElmanRNN, LSTMBaseline, RNNConfig
 
@@ -83,22 +83,48 @@ def test_critical_path_reports_what_it_cannot_see():
 def test_judge_critical_path():
     ns = [4, 16, 64]
     good = {"elman": [4, 16, 64], "lstm": [4, 16, 64], "attention": [4, 4, 4]}
-    assert judge_critical_path(ns, good)
-    assert not judge_critical_path(ns, {**good, "lstm": [5, 17, 65]})            # off by one is a fail
-    assert not judge_critical_path(ns, {**good, "attention": [4, 5, 6]})         # growing with n
-    assert not judge_critical_path(ns, {**good, "attention": [0, 0, 0]})         # nothing counted
-    assert not judge_critical_path([4], {"elman": [4], "attention": [4]})         # one n proves nothing
-    assert not judge_critical_path(ns, {"attention": [4, 4, 4]})                  # nothing to compare
+    assert all_passed(judge_critical_path(ns, good))
+    assert not all_passed(judge_critical_path(ns, {**good, "lstm": [5, 17, 65]}))       # off by one is a fail
+    assert not all_passed(judge_critical_path(ns, {**good, "attention": [4, 5, 6]}))    # growing with n
+    assert not all_passed(judge_critical_path(ns, {**good, "attention": [0, 0, 0]}))    # nothing counted
+    assert not all_passed(judge_critical_path([4], {"elman": [4], "attention": [4]}))    # one n proves nothing
+    assert not all_passed(judge_critical_path(ns, {"attention": [4, 4, 4]}))             # nothing to compare
+    assert not all_passed(judge_critical_path(ns, good, opaque=["mkldnn_rnn_layer"]))    # a hidden recurrence
+
+
+def _flops(ns, d=128):
+    return {name: [layer_flops(n, d)[name] for n in ns] for name in ("elman", "lstm", "attention")}
 
 
 def test_judge_wall_time():
-    ns = [16, 64, 128, 512]
+    ns = [16, 64, 128, 512]                                   # d = 128: attention does 1.5x the LSTM's FLOPs at 512
     t = {"elman": [2.0, 3.0, 4.0, 5.0], "lstm": [1.5, 2.0, 3.0, 1.0], "attention": [1.0, 1.0, 2.0, 9.0]}
-    assert judge_wall_time(ns, t, width=128)                  # n = 512 > d is not judged
-    assert not judge_wall_time(ns, t, width=512)
-    assert not judge_wall_time(ns, {**t, "lstm": [1.5, 0.9, 3.0, 1.0]}, width=128)
-    assert not judge_wall_time(ns, t, width=8)                # no n <= d: nothing to judge is not a pass
-    assert not judge_wall_time(ns, {"attention": t["attention"]}, width=128)
+    b32 = {"elman": [1.0, 1.0, 1.0, 1.0], "lstm": [2.0, 2.0, 2.0, 2.0], "attention": [1.0, 1.5, 2.5, 4.0]}
+    fl = _flops(ns)
+
+    def judge(times=t, width=128, times_b32=b32, flops=fl):
+        return all_passed(judge_wall_time(ns, times, width, times_b32, flops))
+    assert judge()                                            # batch 1: n = 512 > d is not judged
+    assert not judge(width=512)
+    assert not judge({**t, "lstm": [1.5, 0.9, 3.0, 1.0]})
+    assert not judge(width=8)                                 # no n <= d: nothing to judge is not a pass
+    assert not judge({"attention": t["attention"]})
+    # batch 32: attention faster than the LSTM where it does more work contradicts "time follows work"
+    assert not judge(times_b32={**b32, "attention": [1.0, 1.5, 2.5, 1.9]})
+    assert not judge(times_b32=None)                          # batch 32 not measured is not a pass
+    assert not judge(flops=_flops(ns, d=1024))                # no n > 2d: the batch-32 check has nothing to judge
+    checks = judge_wall_time(ns, t, 128, b32, fl)
+    assert "beats the LSTM at n in [16, 64] and loses at n in [128, 512]" in checks[-1].measured
+
+
+def test_layer_flops_match_the_counted_products():
+    d = 32
+    layers = layers_for_timing(d, 4, seed=0, backend="reference")
+    for n in (3, 40):
+        x = torch.randn(1, n, d)
+        with native_rnn():
+            counted = {name: critical_path(layer, x).flops for name, layer in layers.items()}
+        assert counted == layer_flops(n, d), n
 
 
 def test_threads_restores_the_count():
@@ -187,12 +213,31 @@ def test_train_copy_runs_and_reports():
 
 def test_judge_longrange():
     ks = [8, 16, 64]
-    assert judge_longrange(ks, [1.0, 0.99, 0.95], [0.9, 0.4, 0.13])
-    assert not judge_longrange(ks, [1.0, 0.85, 0.95], [0.9, 0.4, 0.13])      # transformer misses a k
-    assert not judge_longrange(ks, [1.0, 0.99, 0.95], [1.0, 0.95, 0.91])     # LSTM solves the largest k too
-    assert judge_longrange([64, 8], [0.95, 1.0], [0.13, 0.9])                # largest k, not the last listed
-    assert not judge_longrange(ks, [1.0, 0.99], [0.9, 0.4, 0.13])            # a missing measurement
-    assert not judge_longrange([], [], [])
+
+    def judge(*a, **kw):
+        return all_passed(judge_longrange(*a, **kw))
+    assert judge(ks, [1.0, 0.99, 0.95], [0.9, 0.4, 0.13])
+    assert not judge(ks, [1.0, 0.85, 0.95], [0.9, 0.4, 0.13])      # transformer misses a k
+    assert not judge(ks, [1.0, 0.99, 0.95], [1.0, 0.95, 0.91])     # LSTM solves the largest k too
+    assert judge([64, 8], [0.95, 1.0], [0.13, 0.9])                # largest / smallest k, not the last / first listed
+    assert not judge(ks, [1.0, 0.99], [0.9, 0.4, 0.13])            # a missing measurement
+    assert not judge([], [], [])
+    assert not judge(ks, [1.0, 0.99, 0.95], [0.9, 0.4, 0.13], param_gap=0.2)   # not the same size
+    # the positive control: an LSTM that learned nothing (chance at every k) must not pass by failing at large k
+    assert not judge(ks, [1.0, 0.99, 0.95], [0.123, 0.125, 0.124])
+    assert not judge(ks, [1.0, 0.99, 0.95], [0.6, 0.3, 0.13])      # it must solve the short distance, not approach it
+
+
+def test_an_untrained_lstm_fails_the_positive_control():
+    """Measured, not made up: an untrained matched LSTM scores chance at k = 2, and the judge fails it."""
+    cfg = LongRangeConfig(**LONGRANGE_QUICK)
+    torch.manual_seed(0)
+    lstm = matched_lstm(num_params(LagTransformer(cfg.vocab, cfg.d_model, cfg.n_heads)), cfg.vocab, cfg.d_model)
+    acc = [evaluate_copy(lstm, k=k, vocab=cfg.vocab, batch=256) for k in cfg.ks]
+    assert max(acc) < 0.3                                              # chance is 1/8
+    checks = judge_longrange(cfg.ks, [1.0] * len(cfg.ks), acc)
+    assert not all_passed(checks)
+    assert [c.passed for c in checks if c.label.startswith("positive control")] == [False]
 
 
 @pytest.mark.slow
@@ -227,17 +272,56 @@ def test_sat_award_link_on_hand_made_weights():
     assert link["weight"][0][1] == pytest.approx(0.4)
     best = link["best"]
     assert (best["layer"], best["head"], best["rank"]) == (0, 1, 1)
-    assert best["specificity"] == pytest.approx(0.4 / ((0.2 + 0.3) / 2))  # other content queries: 'the', ','
+    assert best["query_specificity"] == pytest.approx(0.4 / ((0.2 + 0.3) / 2))  # other content queries: 'the', ','
+    assert best["key_specificity"] == pytest.approx(0.4 / 0.2)        # the most 'sat' gives 'the' or ','
     assert {(h["layer"], h["head"]) for h in link["top1_heads"]} == {(0, 1), (1, 1)}
+    assert linking_heads(TOKENS, _link_weights(), 4, 2, min_specificity=1.5) == [(0, 1)]
     with pytest.raises(ValueError, match="layers, heads, L, L"):
         sat_award_link(TOKENS, torch.ones(2, 2, 5, 5))
 
 
+def _head(weight=0.4, q=3.0, k=3.0):
+    return {"layer": 0, "head": 1, "weight": weight, "query_specificity": q, "key_specificity": k}
+
+
 def test_judge_sat_award():
-    assert judge_sat_award({"top1_heads": [{"layer": 0, "head": 1, "weight": 0.4}]})
-    assert not judge_sat_award({"top1_heads": [{"layer": 0, "head": 1, "weight": 0.15}]})   # on top but weak
-    assert not judge_sat_award({"top1_heads": []})                    # strong elsewhere is not on top
-    assert not judge_sat_award({})
+    assert all_passed(judge_sat_award({"top1_heads": [_head()]}))
+    assert not all_passed(judge_sat_award({"top1_heads": [_head(weight=0.15)]}))   # on top but weak
+    assert not all_passed(judge_sat_award({"top1_heads": []}))        # strong elsewhere is not on top
+    assert not all_passed(judge_sat_award({}))
+    assert not all_passed(judge_sat_award({"top1_heads": [_head(q=1.1)]}))         # "award" is merely salient
+    assert not all_passed(judge_sat_award({"top1_heads": [_head(k=1.2)]}))         # "sat" attends broadly
+    # the requirements must hold in ONE head, not one each in different heads
+    assert not all_passed(judge_sat_award({"top1_heads": [_head(q=1.1), {**_head(k=1.2), "head": 2}]}))
+
+
+SALIENT_TOKENS = ["[CLS]", "the", "award", ",", "which", "was", "given", "sat", "proudly", "[SEP]"]
+
+
+def _salient_award_model():
+    """(1 layer, 3 heads, L, L): every word gives "award" 0.5, more than anything else; no link from "sat"."""
+    L = len(SALIENT_TOKENS)
+    w = torch.full((1, 3, L, L), 0.5 / (L - 1), dtype=torch.float64)
+    w[:, :, :, 2] = 0.5                                                # the "award" column, in every row and head
+    return w
+
+
+def test_sat_award_fails_for_a_model_where_award_is_merely_salient():
+    """The issue's model: "award" on top of "sat"'s row with weight 0.5 in every head, but so in every row."""
+    w = _salient_award_model()
+    link = sat_award_link(SALIENT_TOKENS, w)
+    checks = judge_sat_award(link)
+    assert [c.passed for c in checks] == [True, False, False]         # top and strong, but not specific
+    assert link["best"]["query_specificity"] == pytest.approx(1.0)
+    # the same model with a real link added to one head passes, in that head only
+    linked = w.clone()
+    linked[0, 1, 7] = 0.02
+    linked[0, 1, 7, 2] = 1 - 0.02 * (len(SALIENT_TOKENS) - 1)
+    linked[0, 1, [i for i in range(len(SALIENT_TOKENS)) if i != 7], 2] = 0.1
+    assert all_passed(judge_sat_award(sat_award_link(SALIENT_TOKENS, linked)))
+    assert linking_heads(SALIENT_TOKENS, linked, 7, 2) == [(0, 1)]
+    controls = control_pairs(SALIENT_TOKENS, linked)
+    assert controls["tested"] == 6 and controls["keys"] == {} and controls["queries"] == {}
 
 
 def test_token_index():
@@ -266,12 +350,34 @@ def test_head_statistics_on_hand_made_weights():
     assert two["distance"][0][0] == pytest.approx((0 + 8 / 9) / 2, **close)
 
 
+def _heads(distances, entropies):
+    return {"distance": [distances[i:i + 12] for i in range(0, 72, 12)],
+            "entropy": [entropies[i:i + 12] for i in range(0, 72, 12)]}
+
+
 def test_judge_head_diversity():
-    trained = {"distance": [[1.0, 3.0], [6.0, 7.0]]}
-    control = {"distance": [[5.0, 5.1], [5.2, 5.0]]}
-    assert judge_head_diversity(trained, control)
-    assert not judge_head_diversity({"distance": [[4.0, 5.0], [6.0, 7.0]]}, control)   # 1.75x: too alike
-    assert not judge_head_diversity(trained, trained)                                    # control spread too
+    spread = [1.0 + 2.0 * i / 71 for i in range(72)]                  # 72 heads from 1x to 3x, evenly
+    trained = _heads([5 * s for s in spread], [s for s in spread])
+    control = _heads([5.0 + 0.01 * (i % 3) for i in range(72)], [2.85] * 72)
+    assert all_passed(judge_head_diversity(trained, control))
+    alike = _heads([5.0 + 0.01 * i for i in range(72)], [s for s in spread])    # distances 1.1x apart
+    assert not all_passed(judge_head_diversity(alike, control))
+    assert not all_passed(judge_head_diversity(trained, trained))     # the control spreads too: not learned
+
+
+def test_one_special_head_among_uniform_ones_is_not_diversity():
+    """The issue's case: one sharp previous-token head makes max/min 8x; the percentile ratio stays 1."""
+    distances, entropies = [5.8] * 72, [2.8] * 72
+    distances[2], entropies[2] = 0.7, 0.002                           # one sharp, local head
+    assert quantile_spread(distances) == pytest.approx(1.0)
+    special = _heads(distances, entropies)
+    control = _heads([5.8] * 72, [2.85] * 72)
+    checks = judge_head_diversity(special, control)
+    assert not all_passed(checks) and [c.passed for c in checks] == [False, False, True]
+    for n_odd in (1, 5):                                              # a few odd heads still cannot carry it
+        d = [5.8] * 72
+        d[:n_odd] = [0.7] * n_odd
+        assert quantile_spread(d) == pytest.approx(1.0)
 
 
 @needs_minilm

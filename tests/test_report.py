@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from attnlab.lab.claims import Claim
+from attnlab.lab.claims import Check, Claim
 from attnlab.lab.report import PNG_SIGNATURE, jsonable, new_figure, png_bytes, render_html, write_report
 
 EVIL = '<script>alert("x")</script> & <img src="https://example.com/t.png">'
@@ -64,6 +64,37 @@ def _claims(png):
               measurement={"n": 3}, figure=b"GIF89a...."),
         Claim("good-one", "Same id twice", statement="s", criterion="c", passed=True, figure=png),
     ]
+
+
+def test_criterion_text_comes_from_the_labelled_checks(tmp_path):
+    """The report states exactly the checks the judge applied (set-up, then each label), with each verdict."""
+    checks = [Check("error <= 1e-12", True, "3.1e-16"), Check(f"control >= 0.01 {EVIL}", False, EVIL)]
+    claim = Claim("checked", "Judged by checks", statement="s", criterion="float64, n = 8", checks=checks)
+    assert claim.passed is False                                   # derived: one check failed
+    assert claim.criterion_text == f"float64, n = 8: error <= 1e-12; control >= 0.01 {EVIL}"
+    paths = write_report([claim], tmp_path)
+    page = paths["html"].read_text()
+    checker = _parse(page)
+    text = "".join(checker.text)
+    assert "float64, n = 8: error <= 1e-12; control >= 0.01" in text          # the table's criterion cell
+    assert page.count('<li class="pass">') == 1 and page.count('<li class="fail">') == 1
+    assert "(measured: 3.1e-16)" in text and "<script>" not in page
+    row = json.loads(paths["json"].read_text())["claims"][0]
+    assert row["criterion_text"] == claim.criterion_text
+    assert row["checks"] == [{"label": "error <= 1e-12", "passed": True, "measured": "3.1e-16"},
+                             {"label": f"control >= 0.01 {EVIL}", "passed": False, "measured": EVIL}]
+
+
+def test_a_claim_cannot_contradict_its_checks():
+    ok = [Check("a", True)]
+    assert Claim("x", "t", statement="s", checks=ok).passed is True
+    assert Claim("x", "t", statement="s", checks=ok, passed=True).passed is True
+    with pytest.raises(ValueError, match="disagrees with its checks"):
+        Claim("x", "t", statement="s", checks=ok, passed=False)
+    with pytest.raises(ValueError, match="neither checks= .* nor passed="):
+        Claim("x", "t", statement="s")
+    assert Claim("x", "t", statement="s", criterion="only set-up", passed=False).criterion_text == "only set-up"
+    assert Check("truthy", 1).passed is True                       # stored as a bool
 
 
 def test_html_is_valid_self_contained_and_escaped(tmp_path, png):

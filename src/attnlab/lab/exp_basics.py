@@ -1,7 +1,8 @@
 """Experiments on the mechanism itself: order-blindness, the sinusoid, sqrt(d_k), causal masks, head cost.
 
-Each ``claim_*`` measures, judges with a pure ``judge_*`` function (tested with measurements
-that must fail) and returns a ``Claim``. All of them take well under a second or two on a CPU.
+Each ``claim_*`` measures, judges with a pure ``judge_*`` function that returns labelled checks
+(tested with measurements that must fail) and returns a ``Claim``. All of them take well under a
+second or two on a CPU.
 
     permutation-equivariance      same set of outputs for permuted words without PE, different with it
     sinusoidal-values             PE for d = 4 at positions 0 and 1
@@ -22,12 +23,14 @@ import math
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .claims import Claim, VerifyContext
+from .claims import Check, Claim, VerifyContext
 from .report import new_figure, png_bytes
 
 __all__ = ["CLAIMS", "multiset_distance", "judge_equivariance", "judge_sinusoid_values", "judge_relative_position",
-           "softmax_saturation", "judge_scaling", "judge_causal", "judge_flops", "mha_flops_formula"]
+           "softmax_saturation", "judge_scaling", "judge_causal", "judge_flops", "mha_flops_formula",
+           "count_exponentials"]
 
 SENTENCE_A, SENTENCE_B = "the dog bit the man", "the man bit the dog"
 EQUIV_TOL, EQUIV_MIN_DIFF = 1e-10, 1e-3        # float64 rounding vs a real difference
@@ -56,9 +59,11 @@ def multiset_distance(a: Tensor, b: Tensor) -> float:
     return min(float(max(d[i, p[i]] for i in range(L))) for p in itertools.permutations(range(L)))
 
 
-def judge_equivariance(dist_no_pe: float, dist_pe: float) -> bool:
+def judge_equivariance(dist_no_pe: float, dist_pe: float) -> list[Check]:
     """Same multiset without PE (rounding only), clearly different with it."""
-    return dist_no_pe <= EQUIV_TOL and dist_pe >= EQUIV_MIN_DIFF
+    return [Check(f"matched distance without PE <= {EQUIV_TOL:g}", dist_no_pe <= EQUIV_TOL, f"{dist_no_pe:.1e}"),
+            Check(f"matched distance with sinusoidal PE >= {EQUIV_MIN_DIFF:g}", dist_pe >= EQUIV_MIN_DIFF,
+                  f"{dist_pe:.3g}")]
 
 
 def claim_permutation_equivariance(ctx: VerifyContext) -> Claim:
@@ -77,7 +82,7 @@ def claim_permutation_equivariance(ctx: VerifyContext) -> Claim:
         key = "with_pe" if pe else "no_pe"
         res[key] = multiset_distance(ya, yb)
         dists[key] = torch.cdist(ya, yb)
-    passed = judge_equivariance(res["no_pe"], res["with_pe"])
+    checks = judge_equivariance(res["no_pe"], res["with_pe"])
     fig, axes = new_figure(2, width=4.6)
     top = max(float(d.max()) for d in dists.values())                          # one colour scale: dark = 0
     for ax, key, title in zip(axes, ("no_pe", "with_pe"), ("no positional encoding", "sinusoidal PE")):
@@ -92,10 +97,9 @@ def claim_permutation_equivariance(ctx: VerifyContext) -> Claim:
         "permutation-equivariance", "Without positional encoding, self-attention ignores word order",
         statement=f'"{SENTENCE_A}" and "{SENTENCE_B}" give the same set of output vectors through a '
                   "self-attention layer without positional encoding, and different ones with it.",
-        criterion=f"float64, one layer (C=16, 4 heads, seeded weights and embeddings): the best matching of the "
-                  f"two sentences' output vectors is <= {EQUIV_TOL:g} apart without PE and >= {EQUIV_MIN_DIFF:g} "
-                  "with sinusoidal PE (largest distance of a matched pair, minimized over matchings)",
-        passed=passed, measurement={"matched_distance_no_pe": res["no_pe"], "matched_distance_with_pe": res["with_pe"],
+        criterion="float64, one layer (C=16, 4 heads, seeded weights and embeddings); matched distance = the "
+                  "largest distance of a matched pair of the two sentences' output vectors, minimized over matchings",
+        checks=checks, measurement={"matched_distance_no_pe": res["no_pe"], "matched_distance_with_pe": res["with_pe"],
                                     "sentence_a": SENTENCE_A, "sentence_b": SENTENCE_B},
         summary=f"no PE {res['no_pe']:.1e}, with PE {res['with_pe']:.3g}", figure=png_bytes(fig),
         notes="The figure shows every output of one sentence against every output of the other: without PE "
@@ -116,10 +120,13 @@ def _closed_form(p: int, d: int) -> list[float]:
 PAPER_D4 = [[0.0, 1.0, 0.0, 1.0], [0.841, 0.540, 0.010, 1.000]]       # positions 0 and 1, three decimals
 
 
-def judge_sinusoid_values(table: list[list[float]], closed: list[list[float]], tol: float) -> bool:
+def judge_sinusoid_values(table: list[list[float]], closed: list[list[float]], tol: float) -> list[Check]:
     """table equals the closed form within tol and rounds to the paper-style three-decimal values."""
-    return all(abs(t - c) <= tol for rt, rc in zip(table, closed) for t, c in zip(rt, rc)) and \
-        all(abs(round(t, 3) - v) < 1e-9 for rt, rv in zip(table, PAPER_D4) for t, v in zip(rt, rv))
+    err = max(abs(t - c) for rt, rc in zip(table, closed) for t, c in zip(rt, rc))
+    rounded = [[round(t, 3) for t in rt] for rt in table]
+    return [Check(f"within {tol:g} of the formula evaluated in Python floats", err <= tol, f"{err:.1e}"),
+            Check(f"rounds to PE(0) = {PAPER_D4[0]}, PE(1) = {PAPER_D4[1]} (three decimals)",
+                  all(abs(t - v) < 1e-9 for rt, rv in zip(rounded, PAPER_D4) for t, v in zip(rt, rv)), str(rounded))]
 
 
 def claim_sinusoidal_values(ctx: VerifyContext) -> Claim:
@@ -132,19 +139,24 @@ def claim_sinusoidal_values(ctx: VerifyContext) -> Claim:
         "sinusoidal-values", "The sinusoidal encoding, d = 4, positions 0 and 1",
         statement="PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)); for d = 4: "
                   "PE(0) = (0, 1, 0, 1) and PE(1) = (sin 1, cos 1, sin 0.01, cos 0.01) = (0.841, 0.540, 0.010, 1.000).",
-        criterion="attnlab.positional.sinusoidal(2, 4) (float32) is within 1e-6 of the formula evaluated in Python "
-                  "floats, and rounds to those three-decimal values",
-        passed=judge_sinusoid_values(table, closed, 1e-6),
+        criterion="attnlab.positional.sinusoidal(2, 4), float32",
+        checks=judge_sinusoid_values(table, closed, 1e-6),
         measurement={"table": table, "closed_form": closed, "max_abs_error": err},
         summary="PE(0) = (" + ", ".join(f"{v:.3f}" for v in table[0]) + "), PE(1) = ("
                 + ", ".join(f"{v:.3f}" for v in table[1]) + f"); error {err:.1e}")
 
 
 def judge_relative_position(rotation_err: dict, dot_spread: dict, control_rotation: float,
-                            control_spread: float) -> bool:
+                            control_spread: float) -> list[Check]:
     """Every k: rotation error and dot-product spread at rounding level, while a random table fails both."""
-    return (max(rotation_err.values()) <= ROTATION_TOL and max(dot_spread.values()) <= DOT_SPREAD_TOL
-            and control_rotation >= CONTROL_MIN and control_spread >= CONTROL_MIN)
+    rot, spread = max(rotation_err.values()), max(dot_spread.values())
+    return [Check(f"max over p of |PE(p+k) - M_k PE(p)| <= {ROTATION_TOL:g} at every k (M_k: the block rotation "
+                  "by k w_i)", rot <= ROTATION_TOL, f"{rot:.1e}"),
+            Check(f"spread over p of PE(p).PE(p+k) <= {DOT_SPREAD_TOL:g} at every k", spread <= DOT_SPREAD_TOL,
+                  f"{spread:.1e}"),
+            Check(f"a random table of the same shape fails both (each >= {CONTROL_MIN:g} at every k), so the "
+                  "check can tell", control_rotation >= CONTROL_MIN and control_spread >= CONTROL_MIN,
+                  f"{control_rotation:.2g} and {control_spread:.2g}")]
 
 
 def _dot_spread(pe: Tensor, k: int) -> float:
@@ -179,11 +191,8 @@ def claim_sinusoidal_relative_position(ctx: VerifyContext) -> Claim:
         "sinusoidal-relative-position", "PE(p + k) is a rotation of PE(p) that depends on k only",
         statement="For each frequency w_i the pair (sin pw_i, cos pw_i) rotates by k w_i when p moves by k, so "
                   "PE(p + k) = M_k PE(p) with M_k independent of p; hence PE(p) . PE(p + k) depends on k alone.",
-        criterion=f"float64, n={n}, d={d}, k in {ks}: max over p of |PE(p+k) - M_k PE(p)| <= {ROTATION_TOL:g} "
-                  f"(M_k: the block rotation by k w_i, max_abs_rotation_error) and the spread over p of "
-                  f"PE(p).PE(p+k) <= {DOT_SPREAD_TOL:g}; a random table of the same shape must fail both "
-                  f"(>= {CONTROL_MIN:g}), so the check can tell",
-        passed=judge_relative_position(rot, spread, c_rot, c_spread),
+        criterion=f"float64, n={n}, d={d}, k in {ks} (positional.max_abs_rotation_error)",
+        checks=judge_relative_position(rot, spread, c_rot, c_spread),
         measurement={"n": n, "d": d, "rotation_error": rot, "dot_product_spread": spread,
                      "control_rotation_error_min": c_rot, "control_dot_spread_min": c_spread},
         summary=f"rotation error <= {max(rot.values()):.1e}, dot spread <= {max(spread.values()):.1e} "
@@ -211,16 +220,20 @@ def _scores(T: int, S: int, dk: int, g: torch.Generator) -> Tensor:
     return (q * k).sum(-1)
 
 
-def judge_scaling(raw_entropy: list, scaled_entropy: list, raw_grad: list, scaled_grad: list) -> dict:
-    """The four numeric criteria (lists over increasing d_k; grads are medians over queries)."""
-    checks = {
-        "scaled entropy varies < 5%": (max(scaled_entropy) - min(scaled_entropy)) / max(scaled_entropy) < 0.05,
-        "scaled largest gradient varies < 1.5x": max(scaled_grad) / min(scaled_grad) < 1.5,
-        "unscaled entropy at the largest d_k < 1/10 of the scaled": raw_entropy[-1] < 0.1 * scaled_entropy[-1],
-        "unscaled largest gradient at the largest d_k < 1/20 of the scaled": raw_grad[-1] < scaled_grad[-1] / 20,
-        "unscaled entropy falls as d_k grows": all(b < a for a, b in zip(raw_entropy, raw_entropy[1:])),
-    }
-    return {"checks": checks, "passed": all(checks.values())}
+def judge_scaling(raw_entropy: list, scaled_entropy: list, raw_grad: list, scaled_grad: list) -> list[Check]:
+    """The five numeric criteria (lists over increasing d_k; grads are medians over queries)."""
+    e_var = (max(scaled_entropy) - min(scaled_entropy)) / max(scaled_entropy)
+    return [
+        Check("scaled entropy varies < 5%", e_var < 0.05, f"{e_var:.1%}"),
+        Check("scaled largest gradient varies < 1.5x", max(scaled_grad) / min(scaled_grad) < 1.5,
+              f"{max(scaled_grad) / min(scaled_grad):.2f}x"),
+        Check("unscaled entropy at the largest d_k < 1/10 of the scaled", raw_entropy[-1] < 0.1 * scaled_entropy[-1],
+              f"{raw_entropy[-1]:.3g} vs {scaled_entropy[-1]:.3g}"),
+        Check("unscaled largest gradient at the largest d_k < 1/20 of the scaled", raw_grad[-1] < scaled_grad[-1] / 20,
+              f"{raw_grad[-1]:.2g} vs {scaled_grad[-1]:.2g}"),
+        Check("unscaled entropy falls as d_k grows", all(b < a for a, b in zip(raw_entropy, raw_entropy[1:])),
+              " > ".join(f"{e:.3g}" for e in raw_entropy)),
+    ]
 
 
 def claim_sqrt_dk_scaling(ctx: VerifyContext) -> Claim:
@@ -235,7 +248,7 @@ def claim_sqrt_dk_scaling(ctx: VerifyContext) -> Claim:
             ent, grad = softmax_saturation(s)
             m[f"{name}_entropy"].append(float(ent.mean()))
             m[f"{name}_grad"].append(float(grad.median()))
-    verdict = judge_scaling(m["raw_entropy"], m["scaled_entropy"], m["raw_grad"], m["scaled_grad"])
+    checks = judge_scaling(m["raw_entropy"], m["scaled_entropy"], m["raw_grad"], m["scaled_grad"])
     fig, (a0, a1) = new_figure(2, width=4.6)
     a0.semilogx(d_ks, m["raw_entropy"], "o-", label="q.k (unscaled)", base=2)
     a0.semilogx(d_ks, m["scaled_entropy"], "s-", label="q.k / sqrt(d_k)", base=2)
@@ -251,8 +264,8 @@ def claim_sqrt_dk_scaling(ctx: VerifyContext) -> Claim:
         statement="q.k of unit-variance vectors has variance d_k: unscaled, the softmax over the scores turns "
                   "one-hot as d_k grows (entropy -> 0) and its gradient vanishes; divided by sqrt(d_k) the scores "
                   "keep unit variance and the softmax keeps its entropy and gradient.",
-        criterion=f"{T} queries x {S} keys, d_k in {d_ks}, float64: " + "; ".join(verdict["checks"]),
-        passed=verdict["passed"], measurement={"d_k": d_ks, "queries": T, "keys": S, **m, "checks": verdict["checks"]},
+        criterion=f"{T} queries x {S} keys, d_k in {d_ks}, float64",
+        checks=checks, measurement={"d_k": d_ks, "queries": T, "keys": S, **m},
         summary=f"d_k {d_ks[0]} -> {d_ks[-1]}: entropy unscaled {m['raw_entropy'][0]:.2f} -> "
                 f"{m['raw_entropy'][-1]:.2f}, scaled {m['scaled_entropy'][0]:.2f} -> {m['scaled_entropy'][-1]:.2f}; "
                 f"largest gradient unscaled {m['raw_grad'][0]:.2g} -> {m['raw_grad'][-1]:.1e}, "
@@ -265,11 +278,19 @@ def claim_sqrt_dk_scaling(ctx: VerifyContext) -> Claim:
 
 
 # -- causal masking -----------------------------------------------------------------------------------
-def judge_causal(per_backend: dict, control_future: float) -> bool:
+def judge_causal(per_backend: dict, control_future: float) -> list[Check]:
     """Every backend that ran: future gradient exactly 0, every past (i, j <= i) block non-zero; at least
     one backend ran; the unmasked control does see the future."""
-    ran = [r for r in per_backend.values() if "future_max" in r]
-    return bool(ran) and all(r["future_max"] == 0.0 and r["past_min"] > 0.0 for r in ran) and control_future > 0
+    ran = {n: r for n, r in per_backend.items() if "future_max" in r}
+    return [Check("at least one exact backend ran", bool(ran), ", ".join(ran) or "none"),
+            Check("max |d out_i / d x_j| over j > i is exactly 0.0 on every backend that ran",
+                  bool(ran) and all(r["future_max"] == 0.0 for r in ran.values()),
+                  f"{max((r['future_max'] for r in ran.values()), default=float('nan')):g}"),
+            Check("every block j <= i is non-zero on every backend that ran",
+                  bool(ran) and all(r["past_min"] > 0.0 for r in ran.values()),
+                  f"min {min((r['past_min'] for r in ran.values()), default=float('nan')):.2g}"),
+            Check("the same layer without the mask has non-zero future blocks (the measurement can tell)",
+                  control_future > 0, f"{control_future:.2g}")]
 
 
 def _jacobian_blocks(layer, x: Tensor) -> Tensor:
@@ -300,7 +321,7 @@ def claim_causal_gradient(ctx: VerifyContext) -> Claim:
         per[name] = _future_past(blocks)
         shown = blocks if name == "reference" or shown is None else shown
     control = _future_past(_jacobian_blocks(_layer(ctx.seed, d_model=C, n_heads=2, backend="reference"), x))
-    passed = judge_causal(per, control["future_max"])
+    checks = judge_causal(per, control["future_max"])
     fig, ax = new_figure(1, width=4.6, height=4.0)
     if shown is not None:
         im = ax.imshow(torch.log10(shown.clamp_min(1e-300)).clamp_min(-20).numpy(), cmap="magma")
@@ -311,9 +332,8 @@ def claim_causal_gradient(ctx: VerifyContext) -> Claim:
         "causal-gradient", "Causal masking: no gradient flows from future tokens",
         statement="With a causal mask, output i depends on inputs j <= i only: d out_i / d x_j = 0 for every j > i.",
         criterion=f"float64 causal MultiHeadAttention (L={L}, C={C}, 2 heads), full autograd Jacobian, every exact "
-                  "backend: max |d out_i / d x_j| over j > i is exactly 0.0 and every block j <= i is non-zero; "
-                  "the same layer without the mask has non-zero future blocks (the measurement can tell)",
-        passed=passed, measurement={"backends": per, "control_unmasked": control, "L": L, "C": C},
+                  "backend",
+        checks=checks, measurement={"backends": per, "control_unmasked": control, "L": L, "C": C},
         summary=f"future gradient {max((per[n]['future_max'] for n in ran), default=float('nan')):g} on "
                 f"{', '.join(ran) or 'no backend'}; unmasked control {control['future_max']:.2g}",
         figure=png_bytes(fig))
@@ -325,9 +345,39 @@ def mha_flops_formula(N: int, d: int) -> int:
     return 8 * N * d * d + 4 * N * N * d
 
 
-def judge_flops(counts: dict, expected: int) -> bool:
+def judge_flops(counts: dict, expected: int) -> list[Check]:
     """Every head count costs exactly the formula's FLOPs (so the same as one head of width d)."""
-    return bool(counts) and all(c == expected for c in counts.values())
+    off = {h: c for h, c in counts.items() if c != expected}
+    return [Check(f"matrix-product FLOPs = 8Nd^2 + 4N^2d = {expected:,} for every h", bool(counts) and not off,
+                  "all equal" if counts and not off else
+                  ("nothing counted" if not counts else ", ".join(f"h={h}: {c:,}" for h, c in off.items())))]
+
+
+class _ExpCounter(TorchDispatchMode):
+    """Counts the elements aten.exp produces (the softmax's exponentials on the reference backend)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.exp.default:
+            self.count += out.numel()
+        return out
+
+
+def count_exponentials(fn, *args) -> int:
+    """How many exponentials ``fn(*args)`` computes (elements written by aten.exp), under no_grad.
+
+    The work FlopCounterMode leaves out: it counts matrix products only. The reference backend's
+    softmax takes one exp per score, so an attention layer takes B h N^2 of them.
+    Example:
+        count_exponentials(layer, torch.randn(1, 64, 64))        # h * 64 * 64 for an h-head layer
+    """
+    with torch.no_grad(), _ExpCounter() as counter:
+        fn(*args)
+    return counter.count
 
 
 def claim_multihead_flops(ctx: VerifyContext) -> Claim:
@@ -336,12 +386,13 @@ def claim_multihead_flops(ctx: VerifyContext) -> Claim:
     N, d = (64, 64) if ctx.quick else (256, 256)
     heads = [1, 2, 4, 8, 16] if ctx.quick else [1, 2, 4, 8, 16, 32, 64]
     x = torch.randn(1, N, d)
-    counts = {}
+    counts, exps = {}, {}
     for h in heads:
         layer = _layer(ctx.seed, d_model=d, n_heads=h, backend="reference").float()
         with torch.no_grad(), FlopCounterMode(display=False) as fc:
             layer(x)
         counts[h] = fc.get_total_flops()
+        exps[h] = count_exponentials(layer, x)
     expected = mha_flops_formula(N, d)
     fig, ax = new_figure(1, width=5.0)
     ax.bar(range(len(heads)), [counts[h] / 1e6 for h in heads], color="#4c72b0")
@@ -354,14 +405,23 @@ def claim_multihead_flops(ctx: VerifyContext) -> Claim:
         statement="Splitting width d into h heads changes neither the projections (4 of d x d) nor the total "
                   "score and value work (h x N^2 d/h each): a layer costs 8Nd^2 + 4N^2d FLOPs for every h.",
         criterion=f"torch.utils.flop_counter.FlopCounterMode over one forward (N={N}, d={d}, reference backend, "
-                  f"h in {heads}) counts exactly 8Nd^2 + 4N^2d = {expected:,} FLOPs for every h",
-        passed=judge_flops(counts, expected), measurement={"N": N, "d": d, "flops": counts, "formula": expected},
+                  f"h in {heads}). Counted: the FLOPs of matrix products (2MKN each: projections, QK^T, PV). Not "
+                  "counted: the softmax, scaling and masking, elementwise work that grows with h (h N^2 "
+                  "exponentials, measured below); so this equality holds for the products by construction of the "
+                  "shapes, and the claim is about them",
+        checks=judge_flops(counts, expected),
+        measurement={"N": N, "d": d, "flops": counts, "formula": expected, "exponentials_not_counted": exps},
         summary=(f"{expected:,} FLOPs for every h in {heads} (= 8Nd^2 + 4N^2d)" if len(set(counts.values())) == 1
                  else "h -> FLOPs: " + ", ".join(f"{h}: {c:,}" for h, c in counts.items())) +
                 ("" if set(counts.values()) == {expected} else f"; formula {expected:,}"),
         figure=png_bytes(fig),
         notes="Counted on the reference backend, whose matmuls FlopCounterMode sees; torch's fused CPU SDPA "
-              "kernel is not in its table (it counts 0).")
+              "kernel is not in its table (it counts 0). FlopCounterMode counts matrix products from their shapes, "
+              "so the equality is arithmetic the counter confirms, not a timing: the products really are the same "
+              "size for every h. What it leaves out grows with h: the softmax takes one exponential per score, "
+              + ", ".join(f"h={h}: {e:,}" for h, e in exps.items()) + " (h N^2), plus a max, a sum and a division "
+              "per row of each head. At small d/h that elementwise work and the per-head overhead make many narrow "
+              "heads slower in practice than their FLOPs suggest.")
 
 
 CLAIMS = [claim_permutation_equivariance, claim_sinusoidal_values, claim_sinusoidal_relative_position,

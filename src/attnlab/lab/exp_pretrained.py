@@ -4,17 +4,19 @@ Two claims, both read from ``lab.inspect.attention_maps("minilm", text)`` (the w
 the installed checkpoint, its WordPiece tokenizer, weights (layers, heads, L, L)):
 
     minilm-sat-award            in "The award, which was given for lifetime achievement, sat proudly
-                                on the shelf", heads link the verb "sat" to its subject "award",
-                                eight words back across a relative clause
+                                on the shelf", a head links the verb "sat" to its subject "award",
+                                eight words back across a relative clause: specifically (more than
+                                other words look at "award", more than "sat" looks at other words)
     heads-attend-differently    per-head entropy and mean attention distance over a few sentences:
-                                trained heads specialise (sharp/local vs broad), while the same
-                                architecture with random weights has 72 near-identical heads
+                                the middle 80% of trained heads differ (sharp/local vs broad), while
+                                the same architecture with random weights has 72 near-identical heads
 
 Example::
 
     maps = attention_maps("minilm", SAT_AWARD_SENTENCE, backend="reference")
     link = sat_award_link(maps.tokens, maps.weights)
     link["best"]            # {"layer": 5, "head": 4, "weight": 0.27, "rank": 1, ...}
+    judge_sat_award(link)   # [Check(...), ...]: top and strong, specific against queries, against keys
 """
 from __future__ import annotations
 
@@ -23,18 +25,24 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .claims import Claim, VerifyContext
+from .claims import Check, Claim, VerifyContext
 from .exp_sequential import threads
 from .report import new_figure, png_bytes
 
 __all__ = ["CLAIMS", "SAT_AWARD_SENTENCE", "HEAD_SENTENCES", "SPECIAL_TOKENS", "token_index", "sat_award_link",
-           "judge_sat_award", "head_statistics", "judge_head_diversity", "claim_minilm_sat_award",
-           "claim_heads_attend_differently"]
+           "linking_heads", "control_pairs", "judge_sat_award", "head_statistics", "quantile_spread",
+           "judge_head_diversity", "claim_minilm_sat_award", "claim_heads_attend_differently"]
 
 SAT_AWARD_SENTENCE = "The award, which was given for lifetime achievement, sat proudly on the shelf"
 SPECIAL_TOKENS = ("[CLS]", "[SEP]")
 MIN_LINK_WEIGHT = 0.2          # 3.4x the uniform 1/17 over this sentence's 17 tokens
-MIN_SPREAD, MAX_CONTROL_SPREAD = 2.0, 1.5
+# A link, not salience: "sat" gives "award" MIN_SPECIFICITY x what the other words give it in that head
+# (against other queries), and MIN_SPECIFICITY x the most it gives any other content word (against other keys).
+MIN_SPECIFICITY = 2.0
+# Heads differ: the middle 80% of the 72 heads (10th to 90th percentile) span these factors, so at least
+# 8 heads on each side must differ (one odd head cannot carry it); random weights must stay below MAX_CONTROL_SPREAD.
+MIN_DISTANCE_SPREAD, MIN_ENTROPY_SPREAD, MAX_CONTROL_SPREAD = 1.25, 1.5, 1.05
+SPREAD_QUANTILES = (0.1, 0.9)
 
 # Varied sentences for the per-head statistics (word order, clauses; 15 - 20 WordPiece tokens).
 HEAD_SENTENCES = [
@@ -68,48 +76,105 @@ def token_index(tokens: Sequence[str], word: str, occurrence: int = 0) -> int:
     return hits[occurrence]
 
 
+def _content(tokens: Sequence[str]) -> list[int]:
+    return [i for i, t in enumerate(tokens) if t not in SPECIAL_TOKENS]
+
+
+def _link_arrays(tokens: Sequence[str], weights: Tensor, qi: int, ki: int) -> dict[str, Tensor]:
+    """Per head (layers, heads): weight q -> k, its rank in q's row, and its two specificities."""
+    row = weights[:, :, qi, :].double()                                  # (layers, heads, L)
+    w = row[..., ki]                                                     # (layers, heads)
+    others = [i for i in _content(tokens) if i not in (qi, ki)]          # content words but these two
+    if not others:
+        raise ValueError(f"specificity needs content words besides {tokens[qi]!r} and {tokens[ki]!r}: {list(tokens)}")
+    from_others = weights[:, :, others, ki].double().mean(-1)            # (layers, heads): others -> key
+    to_others = row[..., others].amax(-1)                                # (layers, heads): query -> others
+    return {"weight": w, "rank": (row > w[..., None]).sum(-1) + 1,
+            "query_specificity": w / from_others.clamp(min=1e-12), "key_specificity": w / to_others.clamp(min=1e-12)}
+
+
+def linking_heads(tokens: Sequence[str], weights: Tensor, qi: int, ki: int, min_weight: float = MIN_LINK_WEIGHT,
+                  min_specificity: float = MIN_SPECIFICITY) -> list[tuple[int, int]]:
+    """The (layer, head)s where token qi links to token ki by ``judge_sat_award``'s three requirements.
+
+    Example:
+        linking_heads(tokens, weights, tokens.index("sat"), tokens.index("award"))     # [(0, 0)]
+    """
+    a = _link_arrays(tokens, weights, qi, ki)
+    ok = ((a["rank"] == 1) & (a["weight"] >= min_weight) & (a["query_specificity"] >= min_specificity)
+          & (a["key_specificity"] >= min_specificity))
+    return [tuple(x) for x in ok.nonzero().tolist()]
+
+
 def sat_award_link(tokens: Sequence[str], weights: Tensor, query: str = "sat", key: str = "award") -> dict:
-    """Per layer and head, the weight from ``query`` to ``key`` and its rank among the keys.
+    """Per layer and head, the weight from ``query`` to ``key``, its rank among the keys, its specificities.
 
     Args:
         tokens: L token strings; weights: (layers, heads, L, L) attention probabilities.
     Returns:
         {"query_index", "key_index", "weight" (layers x heads lists), "rank" (1 = the largest weight of
          the row, all keys), "rank_content" (rank among keys other than [CLS], [SEP] and the query itself),
-         "best": the head with the largest weight, with its rank and its "specificity" (the weight from
-         ``query`` over the mean weight the other non-special queries give ``key``), "top1_heads": heads
-         whose largest weight goes to ``key`` (with their specificity)}
+         "query_specificity" (the weight over the mean weight the other content words give ``key``: 1 when
+         ``key`` is merely salient), "key_specificity" (the weight over the largest weight ``query`` gives
+         another content word), "best": the head with the largest weight, with its rank and specificities,
+         "top1_heads": heads whose largest weight goes to ``key`` (with their specificities)}
     """
     if weights.dim() != 4 or weights.shape[-1] != len(tokens) or weights.shape[-2] != len(tokens):
         raise ValueError(f"weights must be (layers, heads, L, L) with L = {len(tokens)} tokens, "
                          f"got {tuple(weights.shape)}")
     qi, ki = token_index(tokens, query), token_index(tokens, key)
-    row = weights[:, :, qi, :].double()                                  # (layers, heads, L)
-    w = row[..., ki]                                                     # (layers, heads)
-    rank = (row > w[..., None]).sum(-1) + 1
-    content = [i for i, t in enumerate(tokens) if t not in SPECIAL_TOKENS and i != qi]
-    rank_content = (row[..., content] > w[..., None]).sum(-1) + 1
-    others = [i for i in content if i != ki]                             # the other content queries
+    a = _link_arrays(tokens, weights, qi, ki)
+    w, rank, qs, ks = a["weight"], a["rank"], a["query_specificity"], a["key_specificity"]
+    content = [i for i in _content(tokens) if i != qi]
+    rank_content = (weights[:, :, qi, content].double() > w[..., None]).sum(-1) + 1
 
-    def specificity(l: int, h: int) -> float:   # weight from query / mean weight from the other words
-        return round(float(w[l, h] / weights[l, h, others, ki].double().mean().clamp(min=1e-12)), 3)
-    layer, head = divmod(int(w.argmax()), w.shape[1])
-    best = {"layer": layer, "head": head, "weight": float(w[layer, head]), "rank": int(rank[layer, head]),
-            "rank_content": int(rank_content[layer, head]), "specificity": specificity(layer, head),
-            "row": [round(float(x), 4) for x in weights[layer, head, qi]]}
-    top1 = [{"layer": l, "head": h, "weight": round(float(w[l, h]), 4), "specificity": specificity(l, h)}
-            for l, h in (rank == 1).nonzero().tolist()]
+    def head(l: int, h: int) -> dict:
+        return {"layer": l, "head": h, "weight": round(float(w[l, h]), 4), "rank": int(rank[l, h]),
+                "query_specificity": round(float(qs[l, h]), 3), "key_specificity": round(float(ks[l, h]), 3)}
+    layer, h_best = divmod(int(w.argmax()), w.shape[1])
+    best = {**head(layer, h_best), "rank_content": int(rank_content[layer, h_best]),
+            "row": [round(float(x), 4) for x in weights[layer, h_best, qi]]}
     return {"query_index": qi, "key_index": ki, "weight": _rounded(w), "rank": rank.tolist(),
-            "rank_content": rank_content.tolist(), "best": best, "top1_heads": top1,
+            "rank_content": rank_content.tolist(), "query_specificity": _rounded(qs, 3),
+            "key_specificity": _rounded(ks, 3), "best": best,
+            "top1_heads": [head(l, h) for l, h in (rank == 1).nonzero().tolist()],
             "top1_content_heads": int((rank_content == 1).sum())}
 
 
-def judge_sat_award(link: dict, min_weight: float = MIN_LINK_WEIGHT) -> bool:
-    """Some head's largest weight from "sat" (over all keys) goes to "award", and it is >= min_weight."""
-    return any(h["weight"] >= min_weight for h in link.get("top1_heads", []))
+def judge_sat_award(link: dict, min_weight: float = MIN_LINK_WEIGHT,
+                    min_specificity: float = MIN_SPECIFICITY) -> list[Check]:
+    """Some head links "sat" to "award": on top of the row, strong, and specific against other queries and keys.
+
+    Each check narrows the heads of the one before it, so the last one holds only when a single head
+    meets every requirement at once.
+    """
+    def names(hs):
+        return ", ".join(f"L{h['layer']}H{h['head']}" for h in hs) or "none"
+    top = [h for h in link.get("top1_heads", []) if h["weight"] >= min_weight]
+    q_spec = [h for h in top if h["query_specificity"] >= min_specificity]
+    both = [h for h in q_spec if h["key_specificity"] >= min_specificity]
+    return [Check(f'some head gives "award" the largest weight of the "sat" row over ALL keys ([CLS], [SEP] and '
+                  f'"sat" included), and that weight is >= {min_weight}', bool(top), names(top)),
+            Check(f'against other queries, in such a head: "sat" gives "award" >= {min_specificity}x the mean '
+                  'weight the other content words give it (a merely salient "award" gives ~1x)', bool(q_spec),
+                  names(q_spec) + "; " + ", ".join(f"{h['query_specificity']:.2f}x" for h in top)),
+            Check(f'against other keys, in such a head: "award" gets >= {min_specificity}x the largest weight "sat" '
+                  'gives any other content word', bool(both),
+                  names(both) + "; " + ", ".join(f"{h['key_specificity']:.2f}x" for h in q_spec))]
 
 
-def _plot_link(tokens: list[str], link: dict) -> bytes:
+def control_pairs(tokens: Sequence[str], weights: Tensor, query: str = "sat", key: str = "award") -> dict:
+    """The same per-head test on the control pairs: ``query`` -> every other content word, every other
+    content word -> ``key``. Returns {"keys": {word: [(layer, head), ...]}, "queries": {...}}, passing pairs only."""
+    qi, ki = token_index(tokens, query), token_index(tokens, key)
+    others = [i for i in _content(tokens) if i not in (qi, ki)]
+    keys = {f"{tokens[i]}@{i}": linking_heads(tokens, weights, qi, i) for i in others}
+    queries = {f"{tokens[i]}@{i}": linking_heads(tokens, weights, i, ki) for i in others}
+    return {"tested": len(others), "keys": {k: v for k, v in keys.items() if v},
+            "queries": {q: v for q, v in queries.items() if v}}
+
+
+def _plot_link(tokens: list[str], link: dict, shown: dict) -> bytes:
     w = torch.tensor(link["weight"])                                     # (layers, heads)
     fig, (ax, ax2) = new_figure(2, width=5.0, height=3.8)
     im = ax.imshow(w.numpy(), cmap="viridis", vmin=0)
@@ -118,7 +183,7 @@ def _plot_link(tokens: list[str], link: dict) -> bytes:
     for h in link["top1_heads"]:
         ax.add_patch(_box(h["head"], h["layer"]))
     fig.colorbar(im, ax=ax, shrink=0.7)
-    b = link["best"]
+    b = shown                                    # the head whose "sat" row is drawn
     colors = ["#c44e52" if i == link["key_index"] else "#4c72b0" for i in range(len(tokens))]
     ax2.bar(range(len(tokens)), b["row"], color=colors)
     ax2.set_xticks(range(len(tokens)), tokens, rotation=70, fontsize=7)
@@ -139,31 +204,43 @@ def claim_minilm_sat_award(ctx: VerifyContext) -> Claim:
     with threads(1):                             # 17 tokens: a second thread only waits on a busy machine
         maps = attention_maps("minilm", SAT_AWARD_SENTENCE, backend="reference")
     link = sat_award_link(maps.tokens, maps.weights)
+    checks = judge_sat_award(link)
+    controls = control_pairs(maps.tokens, maps.weights)
+    linked = linking_heads(maps.tokens, maps.weights, link["query_index"], link["key_index"])
     b, L = link["best"], len(maps.tokens)
+    (sl, sh) = linked[0] if linked else (b["layer"], b["head"])
+    shown = {"layer": sl, "head": sh, "row": maps.weights[sl, sh, link["query_index"]].tolist()}
+    specs = ", ".join(f'L{h["layer"]}H{h["head"]} (weight {h["weight"]:.2f}: {h["query_specificity"]:.1f}x other '
+                      f'queries, {h["key_specificity"]:.1f}x other keys)' for h in link["top1_heads"])
+
+    def words(d: dict) -> str:
+        return ", ".join(f'"{k.split("@")[0]}"' for k in d) or "none"
     return Claim(
         "minilm-sat-award", 'Pretrained MiniLM links "sat" to "award"',
         statement='In "The award, which was given for lifetime achievement, sat proudly on the shelf" the subject '
                   'of "sat" is "award", eight words back; attention can link them directly, and a trained model '
-                  "has heads that do.",
-        criterion=f'in all-MiniLM-L6-v2 (6 layers x 12 heads, {L} WordPiece tokens), at least one head gives "award" '
-                  f'the largest weight of the "sat" row over ALL keys ([CLS], [SEP] and "sat" itself included), and '
-                  f"that weight is >= {MIN_LINK_WEIGHT} ({MIN_LINK_WEIGHT * L:.1f}x uniform 1/{L})",
-        passed=judge_sat_award(link),
-        measurement={"tokens": maps.tokens, **link},
-        summary=f'best: layer {b["layer"]} head {b["head"]}, weight {b["weight"]:.2f} (rank {b["rank"]} of {L}); '
-                f'{len(link["top1_heads"])} head(s) with "award" on top, {link["top1_content_heads"]} among content '
-                "words",
-        figure=_plot_link(maps.tokens, link),
-        notes='The link is real but soft and spread out: no head points at "award" with most of its weight; '
-              f'the best puts {b["weight"]:.2f} on it, and [CLS] and content words such as "proudly" or '
-              '"achievement" take much of the rest. Specificity (the weight from "sat" over the mean weight the '
-              'other words give "award" in the same head) separates a link from "everyone looks at the subject '
-              'noun": ' + ", ".join(f'layer {h["layer"]} head {h["head"]} {h["specificity"]:.1f}x'
-                                    for h in link["top1_heads"]) + ". Layer 0 heads "
-              "see token and position embeddings only (no context yet), so a layer-0 link is lexical/positional; "
-              "the last layer's heads act on contextual vectors. A sentence embedding model (trained for "
-              "similarity, not parsing) need not keep syntax in single heads; Clark et al. 2019 found such "
-              "subject-verb heads in BERT-base, which is 12 layers deep.")
+                  'has a head that singles "award" out from "sat": more than "sat" attends to other words, and '
+                  'more than other words attend to "award".',
+        criterion=f"all-MiniLM-L6-v2 (6 layers x 12 heads), {L} WordPiece tokens, reference backend; uniform "
+                  f"attention would be 1/{L} = {1 / L:.3f}; content words = all but [CLS] and [SEP]",
+        checks=checks,
+        measurement={"tokens": maps.tokens, **link, "linking_heads": linked, "control_pairs": controls},
+        summary=f'{len(link["top1_heads"])} head(s) with "award" on top of the "sat" row, '
+                f'{len(linked)} also specific both ways ({", ".join(f"L{l}H{h}" for l, h in linked) or "none"}); '
+                f'largest weight {b["weight"]:.2f} (L{b["layer"]}H{b["head"]})',
+        figure=_plot_link(maps.tokens, link, shown),
+        notes=f'Heads with "award" on top of the "sat" row: {specs}. The largest weight is not the most specific '
+              f'link: L{b["layer"]}H{b["head"]} also gives "award" much of what the other words give it. '
+              "Layer 0 heads see token and position embeddings only (no context yet), so a layer-0 link is "
+              "lexical/positional rather than syntactic; the last layer's heads act on contextual vectors. "
+              f'Controls, reported and not judged: the same per-head test (top, >= {MIN_LINK_WEIGHT}, both '
+              f'specificities >= {MIN_SPECIFICITY}x) passes from "sat" to {len(controls["keys"])} of the '
+              f'{controls["tested"]} other content words ({words(controls["keys"])}) and to "award" from '
+              f'{len(controls["queries"])} of them ({words(controls["queries"])}), mostly in heads that look at a '
+              "neighbour. So a 72-head model has specific links between many pairs; what this claim shows is that "
+              '"sat" -> "award", eight words apart, is one of them, not that the model singles out the '
+              "subject relation. A sentence embedding model (trained for similarity, not parsing) need not keep "
+              "syntax in single heads; Clark et al. 2019 found subject-verb heads in BERT-base, 12 layers deep.")
 
 
 # -- heads attend differently ----------------------------------------------------------------------
@@ -193,9 +270,21 @@ def head_statistics(weights: Sequence[Tensor]) -> dict:
 
 
 def _spread(values: list) -> float:
-    """max / min over the heads (a ratio: for distances, which stay well away from 0)."""
+    """max / min over the heads (reported only: one odd head sets it)."""
     flat = torch.tensor(values, dtype=torch.float64).flatten()
     return float(flat.max() / flat.min().clamp(min=1e-12))
+
+
+def quantile_spread(values: list, quantiles: tuple[float, float] = SPREAD_QUANTILES) -> float:
+    """The 90th over the 10th percentile of a per-head statistic: how far apart the middle 80% of heads are.
+
+    Moving either percentile takes about a tenth of the heads (8 of 72), so no single head can carry it.
+    Example:
+        quantile_spread([[1.0] * 71 + [9.0]])         # 1.0: one special head among identical ones
+    """
+    flat = torch.tensor(values, dtype=torch.float64).flatten()
+    lo, hi = torch.quantile(flat, torch.tensor(quantiles, dtype=torch.float64))
+    return float(hi / lo.clamp(min=1e-12))
 
 
 def _range(values: list) -> list[float]:
@@ -203,10 +292,19 @@ def _range(values: list) -> list[float]:
     return [round(float(flat.min()), 4), round(float(flat.max()), 4)]
 
 
-def judge_head_diversity(trained: dict, control: dict, min_spread: float = MIN_SPREAD,
-                         max_control: float = MAX_CONTROL_SPREAD) -> bool:
-    """Trained heads' mean distances span >= min_spread (max/min); the random-weight control's < max_control."""
-    return _spread(trained["distance"]) >= min_spread and _spread(control["distance"]) < max_control
+def judge_head_diversity(trained: dict, control: dict) -> list[Check]:
+    """The middle 80% of trained heads differ in mean distance and entropy; random weights' heads do not."""
+    lo, hi = (round(q * 100) for q in SPREAD_QUANTILES)
+    s = {(name, key): quantile_spread(st[key]) for name, st in (("trained", trained), ("control", control))
+         for key in ("distance", "entropy")}
+    return [Check(f"trained: the {hi}th / {lo}th percentile over the heads of mean attention distance is "
+                  f">= {MIN_DISTANCE_SPREAD}", s["trained", "distance"] >= MIN_DISTANCE_SPREAD,
+                  f"{s['trained', 'distance']:.3f}"),
+            Check(f"trained: the {hi}th / {lo}th percentile of mean entropy is >= {MIN_ENTROPY_SPREAD}",
+                  s["trained", "entropy"] >= MIN_ENTROPY_SPREAD, f"{s['trained', 'entropy']:.3f}"),
+            Check(f"the same architecture with random weights: both ratios < {MAX_CONTROL_SPREAD} (the spread is "
+                  "learned, not built in)", max(s["control", "distance"], s["control", "entropy"]) < MAX_CONTROL_SPREAD,
+                  f"{s['control', 'distance']:.3f} and {s['control', 'entropy']:.3f}")]
 
 
 def _random_minilm(seed: int):
@@ -234,7 +332,9 @@ def claim_heads_attend_differently(ctx: VerifyContext) -> Claim:
             trained_w.append(attention_maps("minilm", s, backend="reference").weights)
             control_w.append(_control_weights(control_model, tokenize(s)[1]))
     trained, control = head_statistics(trained_w), head_statistics(control_w)
-    spreads = {name: {"distance_ratio": round(_spread(st["distance"]), 3), "distance_range": _range(st["distance"]),
+    spreads = {name: {"distance_p90_over_p10": round(quantile_spread(st["distance"]), 3),
+                      "entropy_p90_over_p10": round(quantile_spread(st["entropy"]), 3),
+                      "distance_max_over_min": round(_spread(st["distance"]), 3), "distance_range": _range(st["distance"]),
                       "entropy_range": _range(st["entropy"])}
                for name, st in (("trained", trained), ("random_init", control))}
     d = torch.tensor(trained["distance"])                                 # (layers, heads)
@@ -259,20 +359,23 @@ def claim_heads_attend_differently(ctx: VerifyContext) -> Claim:
         statement="Multi-head attention lets each head learn its own pattern: after training some heads look at "
                   "a neighbour, some at a few distant words, some broadly; nothing in the architecture forces "
                   "it, training does.",
-        criterion=f"over {len(sentences)} sentences ({min(lengths)}-{max(lengths)} tokens), the 72 heads of "
-                  f"all-MiniLM-L6-v2 have mean attention distances spanning a factor >= {MIN_SPREAD} (max/min), "
-                  f"while the same architecture with random weights spans < {MAX_CONTROL_SPREAD}",
-        passed=judge_head_diversity(trained, control),
+        criterion=f"per head of all-MiniLM-L6-v2 (72), mean attention distance and mean row entropy over "
+                  f"{len(sentences)} sentences ({min(lengths)}-{max(lengths)} tokens); a percentile ratio moves only "
+                  "when about a tenth of the heads (8 of 72) differ, so no single head can carry it",
+        checks=judge_head_diversity(trained, control),
         measurement={"sentences": sentences, "tokens": lengths, "trained": trained, "random_init": control,
                      "spread": spreads, "most_local_head": nearest},
-        summary="mean distance max/min: trained {:.1f}x, random weights {:.2f}x; entropy {} vs {} nats".format(
-            spreads["trained"]["distance_ratio"], spreads["random_init"]["distance_ratio"],
+        summary="p90/p10 over heads: distance {:.2f}x, entropy {:.2f}x (random weights {:.3f}x, {:.3f}x); "
+                "entropy {} vs {} nats".format(
+            spreads["trained"]["distance_p90_over_p10"], spreads["trained"]["entropy_p90_over_p10"],
+            spreads["random_init"]["distance_p90_over_p10"], spreads["random_init"]["entropy_p90_over_p10"],
             "-".join(f"{v:.2f}" for v in spreads["trained"]["entropy_range"]),
             "-".join(f"{v:.2f}" for v in spreads["random_init"]["entropy_range"])),
         figure=png_bytes(fig),
         notes=f"The most local head, layer {lo_l} head {lo_h}, is a sharp positional head (entropy "
               f"{nearest['entropy']:.3f} nats, mean offset {nearest['offset']:+.2f}: it looks at a neighbour); "
-              f"without it the distances still span {nearest['ratio_without_it']:.1f}x. "
+              f"it alone makes the max/min distance ratio {spreads['trained']['distance_max_over_min']:.1f}x (without "
+              f"it {nearest['ratio_without_it']:.1f}x), which is why the criterion uses percentiles instead. "
               "Entropy is over each query's row (log L = uniform); distance is the expected |i - j| under the row. "
               "Rows of [CLS] and [SEP] are included, as are weights on them (many BERT heads park attention on "
               "[CLS]/[SEP], Clark et al. 2019, which raises those heads' distance). The control is Encoder("

@@ -48,7 +48,8 @@ tr.fail td:first-child { border-left: 4px solid #cf222e; } tr.pass td:first-chil
 pre { background: #f6f8fa; padding: .8em; overflow-x: auto; white-space: pre-wrap; }
 pre.error { background: #fff0f0; border: 1px solid #f3b9b9; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
-.notes { color: #444; } .meta td:first-child { width: 14em; color: #555; }
+.notes { color: #444; } ul.checks { list-style: none; padding-left: .5em; } ul.checks li { margin: .25em 0; }
+.measured { color: #555; } .meta td:first-child { width: 14em; color: #555; }
 """
 
 
@@ -131,6 +132,7 @@ def report_dict(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
         d.pop("figure")
         d["figure_file"] = f"{stem}.png" if _is_png(c.figure) else None
         d["summary"] = summary_text(c)
+        d["criterion_text"] = c.criterion_text
         rows.append(jsonable(d))
     passed = sum(bool(c.passed) for c in claims)
     return {"meta": jsonable(meta or {}),
@@ -161,7 +163,12 @@ def _section(c: Claim, stem: str) -> str:
              f"<h2>{_e(c.title)} {_badge(c.passed)}</h2>",
              f"<p><code>{_e(c.id)}</code> &middot; {c.seconds:.1f} s</p>",
              f"<p><b>Claim.</b> {_e(c.statement)}</p>",
-             f"<p><b>Criterion.</b> {_e(c.criterion)}</p>"]
+             f"<p><b>Criterion.</b> {_e(c.criterion or '(the checks below)')}</p>"]
+    if c.checks:
+        items = "".join(f'<li class="{"pass" if k.passed else "fail"}">{_badge(k.passed)} {_e(k.label)}'
+                        + (f' <span class="measured">(measured: {_e(k.measured)})</span>' if k.measured else "")
+                        + "</li>" for k in c.checks)
+        parts.append(f'<ul class="checks">{items}</ul>')
     measured = summary_text(c)
     if measured:
         parts.append(f"<p><b>Measured.</b> {_e(measured)}</p>")
@@ -200,7 +207,7 @@ def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
     for c, stem in zip(claims, stems):
         cls = "pass" if c.passed else "fail"
         rows.append(f'<tr class="{cls}"><td><a href="#claim-{_e(stem)}">{_e(c.title)}</a><br><code>{_e(c.id)}'
-                    f"</code></td><td>{_e(c.criterion)}</td><td>{_e(summary_text(c))}</td><td>{_badge(c.passed)}"
+                    f"</code></td><td>{_e(c.criterion_text)}</td><td>{_e(summary_text(c))}</td><td>{_badge(c.passed)}"
                     f'</td><td class="num">{c.seconds:.1f}</td></tr>')
     verdict = ("every claim passed" if passed == len(claims) else
                f"{len(claims) - passed} claim{'s' if len(claims) - passed != 1 else ''} failed")
@@ -213,7 +220,8 @@ def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
         + (f" &middot; {_e(_fmt(meta['total_seconds']))} s in all" if "total_seconds" in meta else "")
         + (" &middot; quick mode (small sizes)" if meta.get("quick") else "") + "</p>",
         "<p>Each claim of the theory of self-attention, checked on this machine: what was measured, the pass "
-        "criterion stated before measuring, and the result.</p>",
+        "criterion stated before measuring (the set-up, then each labelled check the judge applied), and the "
+        "result.</p>",
         "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
         "</tr></thead><tbody>", *rows, "</tbody></table>",
         *[_section(c, s) for c, s in zip(claims, stems)],
