@@ -63,8 +63,8 @@ export async function setupReadalong() {
         if (result.agree !== null) {
           const worst = Math.max(...Object.values(result.agreement));
           agreement.textContent = result.agree
-            ? `The three agree: the largest difference is ${worst.toExponential(1)}, within ${result.tolerance}.`
-            : `They disagree: the largest difference is ${worst.toExponential(1)}, over ${result.tolerance}.`;
+            ? `The three agree: the largest difference is ${worst.toExponential(1)}, within ${result.tolerance.toExponential(0)}.`
+            : `They disagree: the largest difference is ${worst.toExponential(1)}, over ${result.tolerance.toExponential(0)}.`;
           agreement.className = result.agree ? "agree" : "disagree";
           agreement.dataset.max = String(worst);
         }

@@ -96,7 +96,8 @@ function linePlot({ title, xs, series, lo, hi, ticks, fmt, marker }) {
       dot.append(el("svg:title", {}, `${s.label}, d_k = ${2 ** xs[i]}: ${y.toPrecision(3)}`));
       svg.append(dot);
     });
-    svg.append(el("svg:text", { x: left + w - 4, y: top + 14 + 14 * k, class: `tick end key ${s.cls}` }, s.label));
+    const at = k === 0 ? { x: left, class: `tick key ${s.cls}` } : { x: left + w, class: `tick end key ${s.cls}` };
+    svg.append(el("svg:text", { y: height - 4, ...at }, `— ${s.label}`));
   });
   return svg;
 }
@@ -112,7 +113,7 @@ function bars(title, ps, cls) {
     r.append(el("svg:title", {}, `key ${i}: weight ${p.toFixed(4)}`));
     svg.append(r);
   });
-  svg.append(el("svg:text", { x: 8, y: top + h + 16, class: "tick" }, "8 keys; bar height = softmax weight"));
+  svg.append(el("svg:text", { x: 8, y: top + h + 16, class: "tick" }, "8 keys: softmax weights"));
   return svg;
 }
 
@@ -123,11 +124,11 @@ function scaling(show, box) {
   const row = el("div", { class: "plots" });
   row.append(bars(`unscaled, d_k = ${show.d_k}`, show.weights_unscaled, "unscaled"),
              bars(`scaled by 1/√${show.d_k}`, show.weights_scaled, "scaled"));
-  row.append(linePlot({ title: "softmax entropy (nats), mean of 10", xs, lo: 0, hi: 2.2, ticks: [0, 0.5, 1, 1.5, 2],
+  row.append(linePlot({ title: "softmax entropy (nats), median of 15", xs, lo: 0, hi: 2.2, ticks: [0, 0.5, 1, 1.5, 2],
                         fmt: (t) => t.toFixed(1), marker: Math.log2(show.d_k),
                         series: [{ label: "unscaled", ys: col("entropy_unscaled"), cls: "unscaled" },
                                  { label: "scaled", ys: col("entropy_scaled"), cls: "scaled" }] }));
-  row.append(linePlot({ title: "largest |∂p/∂s| (log10), mean of 10", xs, lo: -12, hi: 0, ticks: [0, -3, -6, -9, -12],
+  row.append(linePlot({ title: "largest |∂p/∂s| (log10), median of 15", xs, lo: -12, hi: 0, ticks: [0, -3, -6, -9, -12],
                         fmt: (t) => `1e${t}`, marker: Math.log2(show.d_k),
                         series: [{ label: "unscaled", ys: lg(col("gradient_unscaled")), cls: "unscaled" },
                                  { label: "scaled", ys: lg(col("gradient_scaled")), cls: "scaled" }] }));
