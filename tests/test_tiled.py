@@ -137,3 +137,39 @@ def test_lazy_rescaling_falls_back_when_later_keys_dominate(dtype):
     err = (out.double() - gold).abs().max()
     base = ref if dtype == torch.float64 else one_span
     assert err <= 2 * (base.double() - gold).abs().max() + 1e-6, f"{err:.2e}"
+
+
+# Issue #17: a per-example structured bias (B, H) meeting a per-example schedule (padding makes each
+# example its own batch group) crashed the tiled backward. Its siblings: every mask with per-example
+# tile kinds x every per-example bias form, on every backend with a hand-written backward.
+PER_EXAMPLE_MASKS = {
+    "padding": lambda: masks.padding(torch.tensor([64, 40])),
+    "padding_left": lambda: masks.padding(torch.tensor([23, 64]), side="left"),
+    "documents": lambda: masks.documents(torch.tensor([[0] * 30 + [1] * 34, [0] * 50 + [1] * 14])),
+    "padded_causal": lambda: masks.padded(torch.tensor([64, 33]), causal=True),
+    "dense": lambda: masks.dense(torch.arange(64)[None, None, None, :] < torch.tensor([60, 17]).view(2, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("mask", list(PER_EXAMPLE_MASKS))
+@pytest.mark.parametrize("bias_kind", ["function", "tensor"])
+@pytest.mark.parametrize("backend", ["tiled", "sparse"])
+def test_per_example_bias_with_per_example_schedule(mask, bias_kind, backend):
+    m = PER_EXAMPLE_MASKS[mask]()
+    q, k, v = leaves((2, 2, 64, 8), (2, 2, 64, 8), (2, 2, 64, 8))
+    s = torch.rand(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+
+    def bias_of(s):
+        if bias_kind == "function":                        # the issue's report, verbatim
+            return FunctionBias(lambda i, j, s: -s[:, :, None, None] * (i - j).abs(), s)
+        return -s[:, :, None, None] * (torch.arange(64.0)[:, None] - torch.arange(64.0)).abs()   # (B, H, L, S)
+
+    run = {"tiled": lambda *a, **kw: tiled_attention(*a, **kw, block_q=16, block_k=16),
+           "sparse": lambda *a, **kw: al.functional.backends.sparse.sparse_attention(*a, **kw, block_q=16,
+                                                                                     block_k=16)}[backend]
+    grads = []
+    for fn in (run, reference_attention):
+        out = fn(q, k, v, mask=m, bias=bias_of(s), scale=0.3)
+        grads.append([out] + list(torch.autograd.grad((out * out).sum(), [q, k, v, s])))
+    for name, a, b in zip(["out", "dq", "dk", "dv", "ds"], *grads):
+        assert torch.allclose(a, b, atol=1e-10), f"{name}: {(a - b).abs().max().item():.2e}"

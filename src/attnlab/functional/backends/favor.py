@@ -163,13 +163,14 @@ def favor_attention(q: Tensor, k: Tensor, v: Tensor, features: Optional[FavorFea
 
 
 def _unsupported(req: AttentionRequest) -> Optional[str]:
-    return linear_unsupported(req.mask, req.bias, req.dropout_p, req.scale, "favor")
+    return linear_unsupported(req.mask, req.bias, req.dropout_p, req.scale, "favor", req.softcap)
 
 
 @register_backend("favor", exact=False, unsupported=_unsupported,
                   summary="approximate: Performer FAVOR+ random features (m = D ln D, seed 0), O(n)")
 def favor_backend(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias=None, scale: float,
-                  dropout_p: float = 0.0, dropout_seed: Optional[int] = None, return_weights: bool = False):
+                  dropout_p: float = 0.0, dropout_seed: Optional[int] = None, return_weights: bool = False,
+                  softcap: Optional[float] = None):
     """Registered backend "favor": FAVOR+ with the default features for q's head dim."""
     return run_backend(_default_features(q.shape[-1]), "favor", q, k, v, mask, bias, scale, dropout_p,
-                       return_weights)
+                       return_weights, softcap)

@@ -95,8 +95,11 @@ ELU = EluFeatures()
 
 
 def linear_unsupported(mask: Optional[Mask], bias, dropout_p: float, scale: float,
-                       name: str = "linear") -> Optional[str]:
+                       name: str = "linear", softcap: Optional[float] = None) -> Optional[str]:
     """Why a linear-attention backend cannot compute this request (None if it can)."""
+    if softcap is not None:
+        return (f"{name} attention never forms the (L, S) scores, so it cannot soft-cap them "
+                f"(softcap={softcap}); use an exact backend (tiled, sparse, reference)")
     if bias is not None:
         return (f"{name} attention never forms the (L, S) scores, so there is nothing to add a bias to; "
                 f"use an exact backend (tiled, sdpa) for biased attention")
@@ -114,7 +117,7 @@ def linear_unsupported(mask: Optional[Mask], bias, dropout_p: float, scale: floa
 
 
 def _unsupported(req: AttentionRequest) -> Optional[str]:
-    return linear_unsupported(req.mask, req.bias, req.dropout_p, req.scale)
+    return linear_unsupported(req.mask, req.bias, req.dropout_p, req.scale, softcap=req.softcap)
 
 
 def split_mask(mask: Optional[Mask], S: int, device) -> tuple[bool, Optional[Tensor]]:
@@ -261,9 +264,10 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, m
                                 chunk=chunk_size, return_weights=return_weights)
 
 
-def run_backend(fmap: FeatureMap, name: str, q, k, v, mask, bias, scale, dropout_p, return_weights):
+def run_backend(fmap: FeatureMap, name: str, q, k, v, mask, bias, scale, dropout_p, return_weights,
+                softcap=None):
     """The body of a registered linear-family backend (refuses what ``unsupported`` refuses)."""
-    why = linear_unsupported(mask, bias, dropout_p, scale, name)
+    why = linear_unsupported(mask, bias, dropout_p, scale, name, softcap)
     if why is not None:
         raise ValueError(f"backend {name!r} cannot compute this request: {why}")
     is_causal, keep = split_mask(mask, k.shape[2], q.device)
@@ -274,6 +278,7 @@ def run_backend(fmap: FeatureMap, name: str, q, k, v, mask, bias, scale, dropout
 @register_backend("linear", exact=False, unsupported=_unsupported,
                   summary="approximate: elu+1 kernelized linear attention, O(n) (causal via chunked prefix sums)")
 def linear_backend(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias=None, scale: float,
-                   dropout_p: float = 0.0, dropout_seed: Optional[int] = None, return_weights: bool = False):
+                   dropout_p: float = 0.0, dropout_seed: Optional[int] = None, return_weights: bool = False,
+                   softcap: Optional[float] = None):
     """Registered backend "linear": elu + 1 features, the registry's signature."""
-    return run_backend(ELU, "linear", q, k, v, mask, bias, scale, dropout_p, return_weights)
+    return run_backend(ELU, "linear", q, k, v, mask, bias, scale, dropout_p, return_weights, softcap)

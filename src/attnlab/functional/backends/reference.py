@@ -1,6 +1,6 @@
 """The reference backend: the textbook formula, written to be read, not to be fast.
 
-    out = softmax(scale * Q K^T + bias, masked) V
+    out = softmax(cap(scale * Q K^T) + bias, masked) V        cap(s) = softcap * tanh(s / softcap), optional
 
 It materializes the (B, H, L, S) scores, so memory grows as L * S. Run in float64 it is the
 oracle every other backend is tested against.
@@ -17,7 +17,7 @@ from ..masks import Mask
 from ..registry import register_backend
 from ..request import Bias
 
-__all__ = ["reference_attention", "attention_probs", "dense_bias", "accum_dtype"]
+__all__ = ["reference_attention", "attention_probs", "dense_bias", "accum_dtype", "softcap_scores"]
 
 
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,13 +43,19 @@ def safe_softmax(logits: Tensor) -> Tensor:
     return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def attention_probs(q: Tensor, k: Tensor, *, mask: Optional[Mask], bias: Optional[Bias], scale: float) -> Tensor:
-    """The attention weights P = softmax(scale * q k^T + bias, masked): (B, H, L, S), in float32/64."""
+def softcap_scores(s: Tensor, softcap: Optional[float]) -> Tensor:
+    """softcap * tanh(s / softcap) (Gemma 2's score capping), or s itself when softcap is None."""
+    return s if softcap is None else torch.tanh(s / softcap) * softcap
+
+
+def attention_probs(q: Tensor, k: Tensor, *, mask: Optional[Mask], bias: Optional[Bias], scale: float,
+                    softcap: Optional[float] = None) -> Tensor:
+    """The attention weights P = softmax(cap(scale * q k^T) + bias, masked): (B, H, L, S), in float32/64."""
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     k = k.repeat_interleave(H // Hkv, dim=1)                           # (B, H, S, D): query head h uses kv head h // (H/Hkv)
     scores = (q @ k.transpose(-2, -1)) * scale                         # (B, H, L, S), in the input dtype
-    logits = scores.to(accum_dtype(q.dtype))                           # softmax in fp32 (fp64 for fp64)
+    logits = softcap_scores(scores.to(accum_dtype(q.dtype)), softcap)  # softmax in fp32 (fp64 for fp64)
     b = dense_bias(bias, L, S)
     if b is not None:
         logits = logits + b.to(logits.dtype)
@@ -61,13 +67,15 @@ def attention_probs(q: Tensor, k: Tensor, *, mask: Optional[Mask], bias: Optiona
 @register_backend("reference", summary="textbook math; materializes (B, H, L, S) scores; the fp64 test oracle")
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
                         bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
-                        dropout_seed: Optional[int] = None, return_weights: bool = False):
-    """softmax(scale * q k^T + bias, masked) v, computed the obvious way.
+                        dropout_seed: Optional[int] = None, return_weights: bool = False,
+                        softcap: Optional[float] = None):
+    """softmax(cap(scale * q k^T) + bias, masked) v, computed the obvious way.
 
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
         mask: structured mask (True = may attend) or None.
         bias: additive (B|1, H|1, L|1, S|1) tensor or a StructuredBias.
+        softcap: if given, scores become softcap * tanh(scores / softcap) before bias and mask.
     Returns:
         out (B, H, L, Dv) in q's dtype; with return_weights, also the weights (B, H, L, S)
         (softmax probabilities before dropout).
@@ -77,7 +85,7 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask]
     """
     B, H, L, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    probs = attention_probs(q, k, mask=mask, bias=bias, scale=scale)   # (B, H, L, S)
+    probs = attention_probs(q, k, mask=mask, bias=bias, scale=scale, softcap=softcap)   # (B, H, L, S)
     p = probs
     if dropout_p > 0.0:
         keep = keep_mask(dropout_seed, dropout_p, B, H, 0, L, 0, S, device=q.device)

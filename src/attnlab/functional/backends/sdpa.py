@@ -29,6 +29,9 @@ from .reference import attention_probs, dense_bias
 
 
 def _unsupported(req: AttentionRequest) -> Optional[str]:
+    if req.softcap is not None:
+        return (f"torch's SDPA has no score capping (softcap={req.softcap}): its fused kernels apply the "
+                f"softmax to scale * q k^T + mask directly; use tiled, sparse or reference")
     b = req.bias
     if isinstance(b, Tensor) and b.dtype != req.q.dtype:
         return (f"SDPA needs the additive mask in q's dtype ({req.q.dtype}); casting the {b.dtype} bias "
@@ -49,8 +52,12 @@ def sdpa_kernel_kind(req: AttentionRequest) -> str:
                   summary="torch SDPA: fused flash kernel over every pair (dense mask); math path for dropout, Dv != D")
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
                    bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None, return_weights: bool = False):
+                   dropout_seed: Optional[int] = None, return_weights: bool = False,
+                   softcap: Optional[float] = None):
     """Delegate to ``F.scaled_dot_product_attention``; same arguments and returns as the reference."""
+    if softcap is not None:
+        raise ValueError(f"backend 'sdpa' cannot compute softcap={softcap}: torch's SDPA has no score "
+                         f"capping; use backend='tiled', 'sparse' or 'reference'")
     B, H, L, _ = q.shape
     S = k.shape[2]
     is_causal = isinstance(mask, CausalMask) and L == S and bias is None

@@ -69,7 +69,7 @@ def _keep(seed: int, p: float, B: int, H: int, bs: slice, rows: Tensor, cols: Te
 class _Problem:
     """Inputs regrouped into blocks, and the per-chunk pieces the forward and backward share."""
 
-    def __init__(self, q, k, v, bias_t, bias_s, params, layout: Layout, scale, dropout_p, seed):
+    def __init__(self, q, k, v, bias_t, bias_s, params, layout: Layout, scale, dropout_p, seed, softcap=None):
         B, H, L, D = q.shape
         Hkv, S = k.shape[1], k.shape[2]
         bq, bk = layout.block_q, layout.block_k
@@ -87,6 +87,8 @@ class _Problem:
         self.bias_t, self.bias_s, self.params = bias_t, bias_s, params
         self.layout, self.scale = layout, scale
         self.dropout_p, self.seed = dropout_p, seed
+        self.softcap = softcap
+        self.tanh: Optional[Tensor] = None    # the last chunk's tanh(u / softcap), for the backward
 
     def chunks(self):
         """(batch slice, chunk) pairs, in order."""
@@ -119,8 +121,9 @@ class _Problem:
         return None
 
     def logits(self, bs, ch: Chunk, params=None):
-        """Scaled, biased, masked scores (Bg, Hkv, C, G, bq, K, bk) in the accumulation dtype, and
-        the query chunk and gathered keys and values (Bg * Hkv * C, G * bq | K * bk, D | Dv)."""
+        """Scaled, capped, biased, masked scores (Bg, Hkv, C, G, bq, K, bk) in the accumulation dtype,
+        and the query chunk and gathered keys and values (Bg * Hkv * C, G * bq | K * bk, D | Dv).
+        With a softcap, ``self.tanh`` keeps this chunk's tanh for the backward's 1 - tanh^2."""
         B, H, Hkv, G, L, S, D, Dv = self.dims
         bq, bk = self.layout.block_q, self.layout.block_k
         dev = self.qb.device
@@ -131,6 +134,9 @@ class _Problem:
         vg = self.vb[bs].index_select(2, ix.flatten()).reshape(-1, K * bk, Dv)
         s = torch.bmm(qc, kg.transpose(1, 2))                       # (Bg*Hkv*C, G*bq, K*bk)
         s = s.to(accum_dtype(s.dtype)).view(-1, Hkv, C, G, bq, K, bk)
+        if self.softcap is not None:                                # base 2: u = s * ln 2, capped in natural units
+            self.tanh = torch.tanh(s * (LN2 / self.softcap))
+            s = self.tanh * (LOG2E * self.softcap)
         b = self.bias_chunk(bs, ch, params)
         if b is not None:
             s = s.add_(_to7(b.to(s.dtype), Hkv, G), alpha=LOG2E)    # base 2, like the scores
@@ -225,6 +231,8 @@ def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: b
             for acc_g, g_ in zip(dparams, grads):
                 if g_ is not None:
                     acc_g += g_
+        if pb.tanh is not None:                                     # through the cap: d tanh = 1 - tanh^2
+            ds = ds.mul_(pb.tanh.square_().neg_().add_(1.0))
         dsf = _flat(ds).to(dt)
         dq[bs, :, qsel] = torch.bmm(dsf, kg).view(-1, Hkv, C, G, bq, D).to(acc)
         dkg = torch.bmm(dsf.transpose(1, 2), qc)                     # (Bg*Hkv*C, K*bk, D), q scaled by scale*log2(e)
@@ -255,7 +263,7 @@ class _SparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias_t, cfg, *params):
         pb = _Problem(q, k, v, bias_t, cfg["bias_s"], params, cfg["layout"], cfg["scale"],
-                      cfg["dropout_p"], cfg["seed"])
+                      cfg["dropout_p"], cfg["seed"], cfg["softcap"])
         out, lse, weights = _forward(pb, cfg["weights"])
         ctx.save_for_backward(q, k, v, bias_t, out, lse, *params)
         ctx.cfg = cfg
@@ -269,7 +277,7 @@ class _SparseAttention(torch.autograd.Function):
         q, k, v, bias_t, out, lse, *params = ctx.saved_tensors
         cfg = ctx.cfg
         pb = _Problem(q, k, v, bias_t, cfg["bias_s"], tuple(params), cfg["layout"], cfg["scale"],
-                      cfg["dropout_p"], cfg["seed"])
+                      cfg["dropout_p"], cfg["seed"], cfg["softcap"])
         B, H, Hkv, G, L, S, D, Dv = pb.dims
         nq, bq = out.shape[2], pb.layout.block_q
         dout = torch.nn.functional.pad(dout, (0, 0, 0, nq * bq - L))
@@ -289,12 +297,12 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
                      bias: Optional[Bias] = None, scale: Optional[float] = None, dropout_p: float = 0.0,
                      dropout_seed: Optional[int] = None, return_weights: bool = False,
                      block_q: Optional[int] = None, block_k: Optional[int] = None,
-                     stats: Optional[SparseStats] = None):
+                     stats: Optional[SparseStats] = None, softcap: Optional[float] = None):
     """Exact attention computed only on the (query block x key block) pairs the mask leaves non-empty.
 
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
-        mask, bias, scale, dropout_p, dropout_seed, return_weights: as for the reference backend.
+        mask, bias, scale, dropout_p, dropout_seed, return_weights, softcap: as for the reference backend.
         block_q, block_k: block sizes (default 64 x 64, or a block pattern's own block).
         stats: if given, filled with the blocks computed, masked and padded (a count, not a time).
     Returns:
@@ -318,6 +326,6 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     bias_s = bias if isinstance(bias, StructuredBias) else None
     params = bias_s.params if bias_s is not None else ()
     cfg = dict(mask=mask, bias_s=bias_s, layout=layout, scale=scale, dropout_p=dropout_p, seed=dropout_seed,
-               weights=return_weights)
+               weights=return_weights, softcap=softcap)
     out = _SparseAttention.apply(q, k, v, bias_t, cfg, *params)
     return (out, cfg["weights_out"]) if return_weights else out

@@ -98,6 +98,7 @@ class _Problem:
     plan: Plan
     qscale: float                # scale * log2(e): scores in base 2
     blocks: dict                 # additive mask blocks shared between tiles (Mask.block_key)
+    softcap: Optional[float] = None   # scores become softcap * tanh(scores / softcap) before bias and mask
 
     @property
     def dims(self):
@@ -135,8 +136,11 @@ class _Problem:
         """(Bg, Hkv, S, X) -> (Bg * Hkv, lc, X): one key span of k- or v-shaped data."""
         return x4[bs, :, sp.c0:sp.c1].flatten(0, 1)
 
-    def logits(self, qt: Tensor, bs: slice, t: RowTile, sp: Span, params=None) -> Tensor:
-        """log2(e) * (scale * q k^T + bias), masked: (Bg * Hkv, G * lr, lc).
+    def logits(self, qt: Tensor, bs: slice, t: RowTile, sp: Span, params=None, with_tanh: bool = False):
+        """log2(e) * (cap(scale * q k^T) + bias), masked: (Bg * Hkv, G * lr, lc).
+
+        With a softcap, cap(u) = softcap * tanh(u / softcap) is taken in natural units in the
+        accumulation dtype; ``with_tanh`` also returns that tanh (the backward's 1 - tanh^2), else None.
 
         In the accumulation dtype when a bias is added; otherwise in the input dtype (a
         low-precision s is widened by the subtraction that follows: one pass fewer). The mask is
@@ -147,8 +151,12 @@ class _Problem:
         kt = self.cols(self.k4, bs, sp).transpose(1, 2)                     # (Bg*Hkv, D, lc)
         plain = self.bias_t is None and self.bias_s is None
         s = torch.bmm(qt, kt)                                               # (Bg*Hkv, G*lr, lc)
+        th = None
+        if self.softcap is not None:                                        # s is in base 2: u = s * ln 2
+            th = torch.tanh(s.to(accum_dtype(s.dtype)).mul_(LN2 / self.softcap))
+            s = th * (LOG2E * self.softcap)
         if plain and not sp.masked:
-            return s
+            return (s, th) if with_tanh else s
         lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
         s = s if plain else s.to(accum_dtype(s.dtype))
         s5 = s.view(-1, Hkv, G, lr, lc)
@@ -163,7 +171,7 @@ class _Problem:
         for a, z in sp.masked:                       # only the key ranges of PARTIAL tiles
             neg = self.neg_block(t, a, z, s.dtype, s.device)
             s5[..., a - sp.c0:z - sp.c0].add_(_to5(_batch(neg, bs), Hkv, G))
-        return s
+        return (s, th) if with_tanh else s
 
     def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:
         """The dropout keep mask of this tile, in the (Bg * Hkv, G * lr, lc) layout."""
@@ -261,7 +269,8 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
             lr = t.r1 - t.r0
             for sp in t.spans:
                 lc = sp.c1 - sp.c0
-                p = _exp2_minus(pb.logits(qt, bs, t, sp), lse)              # (n, R, lc) exact probabilities
+                s, th = pb.logits(qt, bs, t, sp, with_tanh=True)
+                p = _exp2_minus(s, lse)                                     # (n, R, lc) exact probabilities
                 pd = p
                 if pb.dropout_p > 0.0:
                     keep = pb.keep(bs, t, sp, p.shape).to(p.dtype) / (1.0 - pb.dropout_p)
@@ -281,12 +290,15 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
                 if dparams:
                     with torch.enable_grad():
                         params = [p_.detach().requires_grad_() for p_ in pb.bias_params]
-                        b = pb.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, tuple(params))
+                        # a per-example bias (B, ...) meets a per-example schedule (bs = one example)
+                        b = _batch(pb.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, tuple(params)), bs)
                         g = _reduce_to(ds.view(-1, Hkv * G, lr, lc), b.shape).to(b.dtype)
                         grads = torch.autograd.grad(b, params, g, allow_unused=True)
                     for acc_g, g_ in zip(dparams, grads):
                         if g_ is not None:
                             acc_g += g_
+                if th is not None:                                          # through the cap: d tanh = 1 - tanh^2
+                    ds = ds.mul_(th.square_().neg_().add_(1.0))
                 ds_lp = ds.to(dt)
                 dq.add_(torch.bmm(ds_lp, kt))
                 dk4[bs, :, sp.c0:sp.c1] += torch.bmm(ds_lp.transpose(1, 2), qt).view(-1, Hkv, lc, D)
@@ -300,7 +312,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
-                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"])
+                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"], cfg["softcap"])
         out5, lse2 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
         ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse2, *bias_params)
         ctx.cfg = cfg
@@ -312,7 +324,7 @@ class _TiledAttention(torch.autograd.Function):
         q5, k, v, bias_t, out5, lse2, *params = ctx.saved_tensors
         cfg = ctx.cfg
         pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params),
-                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"])
+                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"], cfg["softcap"])
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
         dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse2, dout5.contiguous(), want_bias)
         return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias_t.dtype) if dbias is not None else None,
@@ -340,12 +352,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
                     bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
                     dropout_seed: Optional[int] = None, return_weights: bool = False,
                     block_q: Optional[int] = None, block_k: Optional[int] = None,
-                    stats: Optional[TileStats] = None):
+                    stats: Optional[TileStats] = None, softcap: Optional[float] = None):
     """Exact attention over (query tile x key span) blocks; never materializes (L, S).
 
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
-        mask, bias, scale, dropout_p, dropout_seed, return_weights: as for the reference backend.
+        mask, bias, scale, dropout_p, dropout_seed, return_weights, softcap: as for the reference backend.
         block_q, block_k: tile sizes (defaults tuned for CPU); block_k a multiple of 64.
         stats: if given, filled with the tiles computed, masked and skipped.
     Returns:
@@ -368,12 +380,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     G = H // Hkv
     q5 = q.reshape(B, Hkv, G, L, D)
     cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan,
-               qscale=scale * LOG2E, blocks={})
+               qscale=scale * LOG2E, blocks={}, softcap=softcap)
     out5, lse2 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():
             pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan,
-                          cfg["qscale"], cfg["blocks"])
+                          cfg["qscale"], cfg["blocks"], softcap)
             return out, _weights(pb, lse2)
     return out

@@ -89,6 +89,9 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
     why = triton_unavailable(req.q.device)
     if why is not None:
         return why
+    if req.softcap is not None:
+        return (f"softcap={req.softcap}: the triton kernels do not cap scores yet; use backend='tiled' "
+                f"(or 'sparse', 'reference')")
     B, H, _, _, _, D, Dv = req.shape
     if B * H > MAX_GRID_Y:
         return f"B * H = {B * H} programs exceed CUDA's grid limit of {MAX_GRID_Y}: split the batch"
@@ -308,7 +311,8 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
                      bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
                      dropout_seed: Optional[int] = None, return_weights: bool = False,
                      block_m: Optional[int] = None, block_n: Optional[int] = None,
-                     deterministic: bool = False, stats: Optional[TileStats] = None):
+                     deterministic: bool = False, stats: Optional[TileStats] = None,
+                     softcap: Optional[float] = None):
     """Exact attention in fused Triton kernels; O(L + S) memory beyond the inputs and a dense mask.
 
     Args:
@@ -326,6 +330,9 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
         q, k, v = (torch.randn(1, 8, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         out = triton_attention(q, k, v, mask=masks.window(256, 0), scale=0.125)
     """
+    if softcap is not None:
+        raise ValueError(f"backend 'triton' cannot compute softcap={softcap}: its kernels do not cap scores "
+                         f"yet; use backend='tiled' (or 'sparse', 'reference')")
     B, H, L, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     if L == 0 or S == 0:
