@@ -111,3 +111,36 @@ def test_training_step_lowers_the_loss():
         loss.backward()
         opt.step()
     assert loss < 0.7 * first
+
+
+def test_generate_never_touches_the_global_rng():
+    m = tiny("learned")
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    expected = torch.rand(3)                                          # what comes next without generate
+    torch.set_rng_state(state)
+    unseeded = m.generate(idx, 15, top_k=10)                          # no seed: a private copy of the state
+    m.generate(idx, 15, top_k=10, seed=7)
+    assert torch.equal(torch.get_rng_state(), state)                  # neither advanced nor reseeded
+    assert torch.equal(torch.rand(3), expected)
+    torch.set_rng_state(state)
+    assert torch.equal(m.generate(idx, 15, top_k=10), unseeded)       # reproducible under torch.manual_seed
+
+
+def test_generate_checks_arguments_before_the_first_token():
+    m = tiny()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    for kwargs, match in [(dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"),
+                          (dict(top_p=0.0), "top_p"), (dict(temperature=float("nan")), "temperature")]:
+        with pytest.raises(ValueError, match=match):
+            m.generate_tokens(idx, 5, **kwargs)                         # raised on the call, not on next()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        m.generate_tokens(idx, -5)
+
+
+def test_full_context_warns_once(caplog):
+    m = tiny()                                                        # block_size 24
+    with caplog.at_level("WARNING", logger="attnlab"):
+        m.generate(torch.zeros(1, 4, dtype=torch.long), 60, temperature=0)
+    assert sum("context (24 tokens) is full" in r.getMessage() for r in caplog.records) == 1
