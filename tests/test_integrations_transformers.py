@@ -349,3 +349,24 @@ def test_minilm_through_transformers_matches_sentence_transformers(monkeypatch):
     assert err <= TOL, f"max abs diff vs sentence-transformers {err:.2e}"
     spy.assert_structured()
     assert len(spy.masks) == 6 and all(isinstance(m, PaddingMask) for m in spy.masks)
+
+
+# --- attnlab bench --hf (runs at a tiny size here; the lead times n = 8192 on a quiet machine) -------
+
+def test_bench_hf_runs_through_the_cli(tmp_path, capsys):
+    import json
+
+    from attnlab.bench.hf import SDPA, packed_batch
+    from attnlab.cli import main
+    path = tmp_path / "hf.json"
+    assert main(["bench", "--hf", "--n", "96", "--docs", "3", "--repeats", "1", "--backend", "auto", "tiled",
+                 "--json", str(path)]) == 0
+    rep = json.loads(path.read_text())
+    rows = rep["cases"][0]["rows"]
+    assert [r["name"] for r in rows] == [SDPA, "attnlab (auto)", "attnlab (tiled)"]
+    assert all(r["max_abs_logit_diff_vs_sdpa"] <= 1e-4 and r["median_ms"] > 0 for r in rows)
+    assert "n=96, 3 packed documents" in capsys.readouterr().out
+    ids, pos = packed_batch(2, 10, 3, 50)
+    assert ids.shape == pos.shape == (2, 10) and pos[0].tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 3]
+    assert main(["bench", "--hf", "--n", "8", "--docs", "9"]) == 2
+    assert "attnlab: error: --docs 9 must be between 1 and n = 8" in capsys.readouterr().err
