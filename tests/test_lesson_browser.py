@@ -273,9 +273,14 @@ def test_readalong_runs_the_shown_code_and_agrees(page):
 def test_screenshot(page):
     out = Path(os.environ["ATTNLAB_LESSON_SCREENSHOT"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    page.locator("#cell-attention").scroll_into_view_if_needed()
+    page.set_viewport_size({"width": 1480, "height": 1000})      # wide: code and heatmap side by side
+    page.click("#cell-attention button.run")
+    _wait_runs(page, "attention", 4)
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(out), clip={"x": 0, "y": 0, "width": 1280, "height": 1900}, full_page=True)
+    box = page.locator("#cell-attention").bounding_box()
+    page.screenshot(path=str(out), clip={"x": 0, "y": 0, "width": 1480, "height": box["y"] + box["height"] + 16},
+                    full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 1000})
     assert out.stat().st_size > 10_000
 
 

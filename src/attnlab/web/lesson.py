@@ -56,7 +56,9 @@ LESSON_CSP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; worker-
               "frame-ancestors 'none'; form-action 'self'")
 _MEDIA = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css",
           ".wasm": "application/wasm", ".zip": "application/zip", ".json": "application/json"}
-_CHECKOUT_ROOT = Path(__file__).resolve().parents[3]      # src/attnlab/web/lesson.py -> the repo root
+_HERE = Path(__file__).resolve()
+# src/attnlab/web/lesson.py -> the repo root; None when imported from an installed wheel (site-packages)
+_CHECKOUT_ROOT: Optional[Path] = _HERE.parents[3] if _HERE.parents[2].name == "src" else None
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def _version(folder: Path) -> Optional[str]:
 
 
 def _check(folder: Path) -> Optional[str]:
+    if not folder.is_dir():
+        return f"there is no {folder}"
     missing = [f for f in PYODIDE_FILES if not (folder / f).is_file()]
     if missing:
         return f"{folder} lacks {', '.join(missing)}"
@@ -103,7 +107,8 @@ def find_pyodide(env: Optional[dict] = None, cwd: Optional[Path] = None) -> Pyod
             return PyodideFiles(None, None, f"{PYODIDE_ENV}={folder} is not usable: {why}; {INSTALL_HINT}")
         return PyodideFiles(folder.resolve(), _version(folder), None)
     tried = []
-    for folder in (_CHECKOUT_ROOT / "node_modules" / "pyodide", (cwd or Path.cwd()) / "node_modules" / "pyodide"):
+    roots = [_CHECKOUT_ROOT] if _CHECKOUT_ROOT is not None else []
+    for folder in [root / "node_modules" / "pyodide" for root in roots + [cwd or Path.cwd()]]:
         why = _check(folder)
         if why is None:
             return PyodideFiles(folder.resolve(), _version(folder), None)
