@@ -137,3 +137,21 @@ def test_cli_flag_run_name_and_checkpoint_round_trip():
         SPEC.from_args(p.parse_args(["--model", "flat", "--ablate", "pair-bias"]))
     with pytest.raises(SystemExit):
         p.parse_args(["--ablate", "attention"])
+
+
+def test_show_draws_contacts_and_row_attention(tmp_path):
+    from attnlab.cli import main
+    from attnlab.tasks.evoformer import EvoformerTask
+    from attnlab.data.pairs import PairTaskConfig
+    from attnlab.train import Trainer, TrainConfig
+    data = PairTaskConfig(rows=5, cols=12, min_pairs=1, max_pairs=3, min_sep=3, coupling="tagged")
+    for ablate, files in (((), ["contacts", "block0-rows", "block1-rows"]), (("row-attention",), ["contacts"])):
+        cfg = EvoformerConfig(**{**TINY, "vocab": data.n_symbols}, ablate=ablate)
+        run = tmp_path / f"run{len(ablate)}"
+        Trainer(EvoformerTask(data, cfg, eval_samples=8),
+                TrainConfig(steps=2, batch_size=4, eval_interval=2, eval_iters=1, checkpoint_interval=2,
+                            out_dir=str(run)), progress=False).train(plot=False)
+        out = tmp_path / f"show{len(ablate)}"
+        assert main(["show", "--checkpoint", str(run), "--image-index", "3", "--out", str(out)]) == 0
+        assert sorted(p.name for p in out.iterdir()) == sorted(f"ckpt-{run.name}-sample3-{f}.png" for f in files)
+    assert main(["show", "--checkpoint", str(run), "--image-index", "8", "--out", str(out)]) == 2

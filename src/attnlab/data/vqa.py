@@ -5,8 +5,9 @@ layouts; cells row-major: 0 top left, 1 top right, 2 bottom left, 3 bottom right
 held-out split: 100 of the 400 (a, b, layout) combinations never appear in training, and held-out
 scenes use other digit images. Each scene gets one question, of three kinds (drawn uniformly):
 
-    relation  "what is left of the {b} ?" -> a   (or "right of the {a}" -> b; in the vertical layouts
-              "above the {b}" -> a, "below the {a}" -> b): find one digit, read its neighbour
+    relation  "what is left of the {b} ?" -> a   (or "what is right of the {a} ?" -> b; in the vertical
+              layouts "what is above the {b} ?" -> a, "what is below the {a} ?" -> b): find one digit,
+              read its neighbour
     exists    "is there a {d} ?" -> yes / no     (d is in the scene with probability 1/2)
     where     "where is the {d} ?" -> "top left" / "top right" / "bottom left" / "bottom right"
               (a scene showing the same digit twice gets an exists question instead: no single answer)
@@ -90,7 +91,7 @@ def answer_words(a: int, b: int, layout: int, question: list[str]) -> list[str]:
             raise ValueError(f"{' '.join(question)!r} has no single answer in scene {(a, b, layout)}")
         return CELL_NAMES[cell[d]].split()
     if question[:2] == ["what", "is"]:
-        rel, d = question[2], int(question[5])
+        rel, d = question[2], int(question[-1])
         want = {"left": ("left of", b, a), "right": ("left of", a, b), "above": ("above", b, a),
                 "below": ("above", a, b)}[rel]
         if want[0] != relation or d != want[1]:
@@ -105,7 +106,7 @@ def _question(kind: str, a: int, b: int, layout: int, g: torch.Generator) -> lis
     if kind == "relation":
         horizontal = LAYOUTS[layout][0] == "left of"
         rel, d = [("right" if horizontal else "below", a), ("left" if horizontal else "above", b)][coin]
-        return ["what", "is", rel, "of", "the", str(d)]
+        return ["what", "is", rel, *(["of"] if rel in ("left", "right") else []), "the", str(d)]
     if kind == "where" and a != b:
         return ["where", "is", "the", str((a, b)[coin])]
     # exists (and "where" when the scene shows one digit twice): present with probability 1/2
