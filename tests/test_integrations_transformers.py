@@ -4,6 +4,7 @@ configs (no downloads) with unpadded, left/right-padded and packed batches, gree
 where HF's mask is), kwargs refused by name, and the real all-MiniLM-L6-v2 vs sentence-transformers."""
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -72,6 +73,7 @@ class Spy:
         self.masks = []
         real = hf.attention
 
+        @functools.wraps(real)
         def spy(*args, **kwargs):
             self.masks.append(kwargs.get("mask"))
             return real(*args, **kwargs)
@@ -159,6 +161,42 @@ def test_greedy_generation_with_static_cache(model, monkeypatch):
     spy.assert_structured()
 
 
+def _gemma2():
+    return transformers.Gemma2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                     attn_logit_softcapping=5.0, max_position_embeddings=128)
+
+
+def test_gemma2_softcap_and_alternating_windows(monkeypatch):
+    """Gemma-2: logit soft-capping on every layer, sliding and full layers alternating, a hybrid cache."""
+    if not hf._TAKES_SOFTCAP:
+        pytest.skip("attnlab.attention has no softcap= yet")
+    eager, ours = pair(_gemma2, transformers.Gemma2ForCausalLM, seed=3)
+    ids, am, _ = batch("left")
+    spy = Spy(monkeypatch)
+    _compare_logits(eager, ours, ids, am, None)
+    assert [any(isinstance(p, WindowMask) for p in masks.parts(m)) for m in spy.masks] == [True, False]
+    kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), eager.generate(ids, **kw))
+    spy.assert_structured()
+
+
+def test_training_gradients_on_packed_documents_match_eager():
+    """Training on packed data (the case HF builds document masks for): loss and every gradient."""
+    eager, ours = pair(*DECODERS["mistral"], seed=4)
+    eager.train(), ours.train()
+    ids, _, pos = batch("packed")
+    losses, grads = [], []
+    for m in (eager, ours):
+        loss = m(ids, position_ids=pos, labels=ids, use_cache=False).loss
+        losses.append(loss.item())
+        grads.append(torch.autograd.grad(loss, list(m.parameters())))
+    assert abs(losses[0] - losses[1]) <= TOL
+    for (name, _), a, b in zip(ours.named_parameters(), *grads):
+        assert (a - b).abs().max() <= TOL, f"grad of {name}: max diff {(a - b).abs().max():.2e}"
+
+
 @pytest.mark.parametrize("kind", ["unpadded", "right", "left"])
 def test_bert_matches_eager(kind, monkeypatch):
     eager, ours = pair(_bert, transformers.BertModel)
@@ -203,6 +241,10 @@ def _hf_dense(**kw):
     dict(batch_size=2, q_length=1, kv_length=4, q_offset=7, kv_offset=4, window=4,
          attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])),               # sliding cache
     dict(batch_size=2, q_length=7, kv_length=7, window=3, attention_mask=torch.tensor([[1] * 5 + [0] * 2, [1] * 7])),
+    dict(batch_size=2, q_length=1, kv_length=12, q_offset=7, window=4,
+         attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])),               # static + window
+    dict(batch_size=2, q_length=4, kv_length=10, q_offset=0, window=3,
+         attention_mask=torch.tensor([[0, 1, 1, 1], [1] * 4])),                             # static prefill
     dict(batch_size=1, q_length=5, kv_length=5, bidir_window=1),
     dict(batch_size=2, q_length=3, kv_length=5, bidir=True, attention_mask=torch.tensor([[1, 1, 1, 0, 0], [1] * 5])),
 ], ids=lambda c: ",".join(f"{k}" for k in c))
@@ -268,9 +310,8 @@ def test_refused_kwargs_are_named(kw, match):
 
 
 def test_softcap_is_passed_on_or_refused_by_name():
-    import inspect
     q, k, v = _qkv()
-    if "softcap" not in inspect.signature(hf.attention).parameters:
+    if not hf._TAKES_SOFTCAP:
         with pytest.raises(ValueError, match=r"softcap=30.0 \(logit soft-capping\) is not supported"):
             hf.attention_forward(_Layer(), q, k, v, HFMask(masks.causal()), softcap=30.0)
         return

@@ -41,6 +41,8 @@ from .hf_masks import HFMask, convert
 
 __all__ = ["register", "attention_forward", "mask_function", "HFMask"]
 
+# Soft-capping arrived in attention() with issue #17; older versions refuse it by name.
+_TAKES_SOFTCAP = "softcap" in inspect.signature(attention).parameters
 # Keywords transformers passes through every layer that do not change attention's result here:
 # the mask already carries position_ids' packing and the window; the rest are bookkeeping.
 _NO_EFFECT = {"position_ids", "sliding_window", "max_length_q", "max_length_k", "num_items_in_batch",
@@ -134,7 +136,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
         bias = position_bias if bias is None else bias + position_bias
     extra = {}
     if kwargs.get("softcap") is not None:
-        if "softcap" not in inspect.signature(attention).parameters:
+        if not _TAKES_SOFTCAP:
             raise ValueError(f"attnlab attention: softcap={kwargs['softcap']} (logit soft-capping) is not supported "
                              f"by this attnlab version; use attn_implementation='eager' for this model")
         extra["softcap"] = kwargs["softcap"]
