@@ -259,7 +259,7 @@ def test_stop_ends_an_infinite_loop(page):
 
 
 def test_readalong_runs_the_shown_code_and_agrees(page):
-    page.wait_for_selector("#readalong:not([data-runs='0'])", state="attached")
+    page.wait_for_selector("#readalong-programs:not([data-runs='0'])", state="attached")
     program = PROGRAMS["self-attention"]
     shown = page.locator("#readalong-self-attention pre.ra-code").all_text_contents()
     assert shown == [c.code for c in program.cells]
@@ -267,6 +267,30 @@ def test_readalong_runs_the_shown_code_and_agrees(page):
     assert "agree" in page.text_content("#readalong-agreement")
     outputs = page.locator("#readalong-self-attention pre.ra-out").all_text_contents()
     assert "max |difference|" in outputs[-1] and "(not run yet)" not in outputs
+
+
+def test_a_hung_pyodide_load_times_out_with_a_message(page, server):
+    context = page.context.browser.new_context()
+    outside: list[str] = []
+
+    def hang_wasm(route):                             # never answered: how a wrong MIME type looks to the page
+        url = route.request.url
+        if not url.startswith(server + "/"):
+            outside.append(url)
+            route.abort()
+        elif not url.endswith("/pyodide.asm.wasm"):
+            route.continue_()
+
+    context.route("**/*", hang_wasm)
+    try:
+        pg = context.new_page()
+        pg.goto(server + "/lesson?load_timeout=4")
+        pg.wait_for_selector("body[data-python='failed']", timeout=TIMEOUT_MS)
+        message = pg.text_content("#py-problem")
+        assert "did not start within 4 s" in message and "application/wasm" in message
+        assert pg.is_visible("#py-problem") and not outside
+    finally:
+        context.close()
 
 
 @pytest.mark.skipif(not os.environ.get("ATTNLAB_LESSON_SCREENSHOT"), reason="set ATTNLAB_LESSON_SCREENSHOT=PATH")

@@ -36,7 +36,7 @@ async function post(name) {
 }
 
 export async function setupReadalong() {
-  const box = document.getElementById("readalong");
+  const box = document.getElementById("readalong-programs");
   const button = document.getElementById("readalong-run");
   const state = document.getElementById("readalong-state");
   const agreement = document.getElementById("readalong-agreement");
