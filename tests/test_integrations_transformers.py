@@ -197,6 +197,23 @@ def test_training_gradients_on_packed_documents_match_eager():
         assert (a - b).abs().max() <= TOL, f"grad of {name}: max diff {(a - b).abs().max():.2e}"
 
 
+def _exact_backends():
+    from attnlab.functional import available_backends, get_backend
+    return [b for b in available_backends() if get_backend(b).exact]
+
+
+@pytest.mark.parametrize("backend", _exact_backends())
+@pytest.mark.parametrize("kind", ["left", "packed"])
+def test_every_exact_backend(backend, kind):
+    """register(backend=...) pins the backend every attention runs on; each exact one matches eager."""
+    name = hf.register(f"attnlab_{backend}", backend=backend)
+    torch.manual_seed(0)
+    eager = transformers.MistralForCausalLM._from_config(_mistral(), attn_implementation="eager").eval()
+    ours = transformers.MistralForCausalLM._from_config(_mistral(), attn_implementation=name).eval()
+    ours.load_state_dict(eager.state_dict())
+    _compare_logits(eager, ours, *batch(kind))
+
+
 @pytest.mark.parametrize("kind", ["unpadded", "right", "left"])
 def test_bert_matches_eager(kind, monkeypatch):
     eager, ours = pair(_bert, transformers.BertModel)

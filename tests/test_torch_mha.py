@@ -386,3 +386,41 @@ def test_nested_tensor_input_is_refused_with_the_fix():
     nt = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)], layout=torch.jagged)
     with pytest.raises(TypeError, match=r"query is a nested tensor: .*to_padded_tensor"):
         mod(nt, nt, nt)
+
+
+def _torch_patterns():
+    """Usage patterns from torch's own test/nn/test_multihead_attention.py (fast-path cases in eval + no_grad)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(8, 5, 14, generator=g)
+    am2 = torch.randint(0, 2, (5, 5), generator=g).bool()
+    kpm = torch.randint(0, 2, (8, 5), generator=g).bool()
+    am3 = torch.randint(0, 2, (8, 2, 3), generator=g).float()
+    am3 = am3.masked_fill(am3 == 0, float("-inf")).masked_fill(am3 == 1, 0.0).repeat_interleave(4, 0)
+    q3, kv3 = torch.rand(2, 8, 8, generator=g), torch.rand(3, 8, 8, generator=g)
+    return {
+        "two_masks_fast_path": (dict(embed_dim=14, num_heads=7, batch_first=True), (x, x, x),
+                                dict(attn_mask=am2, key_padding_mask=kpm)),
+        "3d_attn_mask": (dict(embed_dim=8, num_heads=4), (q3, kv3, kv3), dict(attn_mask=am3)),
+        "small_fast_path_double": (dict(embed_dim=4, num_heads=4, batch_first=True, dtype=torch.double),
+                                   (x[..., :4].double(),) * 3, {}),
+        "in_proj_bias_none": (dict(embed_dim=2, num_heads=2, bias=False), (x[:2, :2, :2],) * 3, {}),
+        "in_proj_weight_none": (dict(embed_dim=4, num_heads=4, kdim=2, vdim=2),
+                                (x[:4, :4, :4], x[:4, :4, :2], x[:4, :4, :2]), {}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_torch_patterns()))
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_torch_test_patterns_in_eval_without_grad(name, need_weights):
+    make, args, kw = _torch_patterns()[name]
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(**make).eval()
+    ours = MultiheadAttention.from_torch(theirs)
+    with torch.no_grad():
+        t_out, t_w = theirs(*args, need_weights=need_weights, **kw)
+        o_out, o_w = ours(*args, need_weights=need_weights, **kw)
+    ok = ~torch.isnan(t_out)                                  # torch: NaN where a row has no key
+    assert ok.any() and torch.allclose(o_out[ok], t_out[ok], atol=ATOL), f"{name}: output differs"
+    if need_weights:
+        ok = ~torch.isnan(t_w)
+        assert torch.allclose(o_w[ok], t_w[ok], atol=ATOL), f"{name}: weights differ"
