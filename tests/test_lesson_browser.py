@@ -16,19 +16,17 @@ import json
 import math
 import os
 import re
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from live_server import CHROMIUM, CHROMIUM_ARGS, live_server
 
-CHROMIUM = "/usr/bin/chromium"
 if not Path(CHROMIUM).is_file():
     pytest.skip(f"{CHROMIUM} is missing (the Makefile installs Debian's chromium package)", allow_module_level=True)
 pytest.importorskip("fastapi", reason="the web lab needs fastapi")
-uvicorn = pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
+pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is not installed")
 
 import attnlab  # noqa: E402
@@ -41,40 +39,22 @@ from attnlab.web.readalong import PROGRAMS  # noqa: E402
 if find_pyodide().dir is None:
     pytest.skip(f"Pyodide is not installed: {find_pyodide().problem}", allow_module_level=True)
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 30_000                     # a shared 2-core machine: generous, still bounded
 READY_MS = 90_000                       # the bound for Pyodide to start
 CELLS = ("attention", "positions", "order", "scaling")
 NUMBER = re.compile(r"-?\d+\.\d+(?:e[+-]?\d+)?")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start within 20 s")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with live_server(create_app()) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
 def page(server):
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 1000})
         attempted: list[str] = []
         routed: list[str] = []

@@ -1,0 +1,45 @@
+"""A real uvicorn server on a free 127.0.0.1 port, in a thread, and the Chromium the browser tests drive.
+
+Example::
+
+    with live_server(create_app()) as base:          # "http://127.0.0.1:PORT"
+        page.goto(base + "/lesson")
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"            # Debian's package (the Makefile installs it); never `playwright install`
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(app, start_timeout: float = 20.0):
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail(f"uvicorn did not start within {start_timeout:.0f} s")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
