@@ -102,7 +102,7 @@ function linePlot({ title, xs, series, lo, hi, ticks, fmt, marker }) {
   return svg;
 }
 
-function bars(title, ps, cls) {
+function bars(title, ps, scores, cls) {
   const width = 190, height = 130, top = 24, h = 80, bw = 18;
   const svg = el("svg:svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", class: "plot",
                               "aria-label": `${title}: ${ps.map((p) => p.toFixed(3)).join(", ")}` });
@@ -110,7 +110,7 @@ function bars(title, ps, cls) {
   ps.forEach((p, i) => {
     const r = el("svg:rect", { x: 8 + i * (bw + 4), y: top + h * (1 - p), width: bw, height: Math.max(0.5, h * p),
                                class: `bar ${cls}` });
-    r.append(el("svg:title", {}, `key ${i}: weight ${p.toFixed(4)}`));
+    r.append(el("svg:title", {}, `key ${i}: score ${scores[i].toFixed(2)}, weight ${p.toFixed(4)}`));
     svg.append(r);
   });
   svg.append(el("svg:text", { x: 8, y: top + h + 16, class: "tick" }, "8 keys: softmax weights"));
@@ -122,8 +122,8 @@ function scaling(show, box) {
   const col = (k) => show.sweep.map((r) => r[k]);
   const lg = (ys) => ys.map((y) => Math.log10(Math.max(y, 1e-12)));
   const row = el("div", { class: "plots" });
-  row.append(bars(`unscaled, d_k = ${show.d_k}`, show.weights_unscaled, "unscaled"),
-             bars(`scaled by 1/√${show.d_k}`, show.weights_scaled, "scaled"));
+  row.append(bars(`unscaled, d_k = ${show.d_k}`, show.weights_unscaled, show.raw, "unscaled"),
+             bars(`scaled by 1/√${show.d_k}`, show.weights_scaled, show.scaled, "scaled"));
   row.append(linePlot({ title: "softmax entropy (nats), median of 15", xs, lo: 0, hi: 2.2, ticks: [0, 0.5, 1, 1.5, 2],
                         fmt: (t) => t.toFixed(1), marker: Math.log2(show.d_k),
                         series: [{ label: "unscaled", ys: col("entropy_unscaled"), cls: "unscaled" },
@@ -176,7 +176,17 @@ function order(show, box) {
     });
     table.append(tr);
   }
-  box.append(table);
+  const vectors = el("table", { class: "order" });
+  vectors.append(el("caption", {}, "the output vector of “dog” (d = 4)"));
+  for (const r of show.rows) {
+    show.sentences.forEach((sentence, k) => {
+      const tr = el("tr");
+      tr.append(el("th", { scope: "row" }, `${r.positions ? "positions" : "no positions"}, “${sentence}”`));
+      for (const x of k ? r.dog_b : r.dog_a) tr.append(el("td", {}, x.toFixed(4)));
+      vectors.append(tr);
+    });
+  }
+  box.append(table, vectors);
 }
 
 const RENDERERS = { heatmap, scaling, positions, order };
