@@ -287,3 +287,44 @@ def test_tiny_training_smoke(tmp_path):
     assert all(0.0 <= v <= 1.0 for v in metrics.values())
     model, again = load_model(tmp_path / "run")             # what `attnlab eval` does
     assert again.evaluate(model) == metrics
+
+
+def test_tagged_contacts_show_only_in_three_columns():
+    cfg = PairTaskConfig(rows=64, cols=12, max_pairs=3, min_sep=3, coupling="tagged")
+    assert cfg.p_mutate == 1.0 and cfg.n_symbols == 2 * cfg.vocab
+    msa, contacts = draw_pairs(cfg, torch.Generator().manual_seed(7), 48)
+    A = cfg.vocab
+    is_tag = (msa >= A).all(1)                                                   # (B, C)
+    assert (is_tag.sum(1) == 1).all() and not (msa[~is_tag[:, None, :].expand_as(msa)] >= A).any()
+    assert not (contacts.any(2) & is_tag).any(), "the tag column is never in a contact"
+    tag = msa.gather(2, is_tag.float().argmax(1)[:, None, None].expand(-1, cfg.rows, 1)) - A     # (B, R, 1)
+    up = torch.triu(contacts, 1)
+    residues = ~is_tag[:, :, None] & ~is_tag[:, None, :] & torch.triu(torch.ones_like(up), 1)
+    others = residues & ~up
+    # two columns alone: no contact is a one-to-one function, and non-contacts co-vary as much as contacts
+    functional, mi = joint_stats(msa.clamp(max=A - 1), A)
+    assert not functional[up].any()
+    assert abs(mi[up].mean() - mi[others].mean()) < 0.02, (mi[up].mean().item(), mi[others].mean().item())
+    # with the row's tag added to column i, every contact is one-to-one and no non-contact is
+    b, i, j = up.nonzero(as_tuple=True)
+    shifted = msa.clone()
+    shifted[b, :, i] = (msa[b, :, i] + tag[b, :, 0]) % A
+    functional3, _ = joint_stats(shifted.clamp(max=A - 1), A)
+    assert functional3[up].all()
+    assert not (functional3 & others).any()
+    # the tag alone says nothing about either column of a contact
+    t_onehot = torch.nn.functional.one_hot(tag[b, :, 0], A).double()              # (P, R, A)
+    for col in (i, j):
+        joint = torch.einsum("pra,prc->pac", t_onehot, torch.nn.functional.one_hot(msa[b, :, col], A).double())
+        p = joint.sum(0) / joint.sum()                                            # pooled over contacts
+        assert (p - 1 / A ** 2).abs().max() < 0.01
+
+
+def test_tagged_config_errors():
+    with pytest.raises(ValueError, match="p_mutate must be 1.0"):
+        PairTaskConfig(coupling="tagged", p_mutate=0.5)
+    with pytest.raises(ValueError, match="column outside every contact"):
+        PairTaskConfig(coupling="tagged", cols=10, max_pairs=5, min_sep=1)
+    with pytest.raises(ValueError, match="coupling="):
+        PairTaskConfig(coupling="triple")
+    assert PairTaskConfig().p_mutate == 0.5 and PairTaskConfig().n_symbols == 4

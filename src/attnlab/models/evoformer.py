@@ -81,9 +81,6 @@ class EvoformerConfig:
                                      # False: after the MSA updates (AF2). First, block 1's pair track reads
                                      # the raw symbols: on the contact task the model then leaves the base
                                      # rate within ~200 steps; AF2's order stayed there past 300 (measured)
-    final_init: bool = True          # AF2's "final" init: each residual update's last linear starts at zero.
-                                     # False: PyTorch's default there (see EvoformerBlock: needed where the
-                                     # signal is a three-way interaction, as in coupling="tagged")
     flat_dim: Optional[int] = None   # the flat model's width; None = matched to the axial model's size
     flat_ff: Optional[int] = None    # the flat MLPs' hidden width; None = matched with flat_dim, else 4 flat_dim
     backend: str = "auto"            # attention backend by name
@@ -193,10 +190,7 @@ class EvoformerBlock(nn.Module):
         # AF2's "final" init (supplement 1.11.4): the last linear of every residual update starts at
         # zero, so each block starts as the identity and the symbols reach the outer product intact.
         parts = (self.row_attn, self.col_attn, self.opm)
-        # With final_init=False the updates start random: a signal that only a product of two updates can
-        # see (attention bringing a tag in, then a transition combining it with the residue) has zero
-        # gradient while both are zero, and training sat at the base rate (measured, docs/results.md).
-        for last in () if not cfg.final_init else (*(p.to_out if isinstance(p, AxialAttention) else p.out for p in parts if p is not None),
+        for last in (*(p.to_out if isinstance(p, AxialAttention) else p.out for p in parts if p is not None),
                      self.msa_transition.net[-1], self.pair_transition.net[-1], *(t.out for t in self.triangles)):
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
