@@ -22,6 +22,8 @@ function showProblem(text) {
   problem.hidden = false;
 }
 
+const RESTARTED = new Error("the Python worker was restarted");
+
 // One worker at a time; stop() terminates it (ending whatever runs) and starts a fresh one.
 class Python {
   constructor() { this.nextId = 0; this.pending = new Map(); this.start(); }
@@ -30,12 +32,13 @@ class Python {
     setPython("starting", "starting (loading Pyodide from this server)…");
     const worker = new Worker("/lesson/static/worker.js", { type: "module" });
     this.worker = worker;
-    this.ready = new Promise((resolve, reject) => {
+    const ready = new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
         worker.terminate();
         reject(new Error(`Python did not start within ${LOAD_TIMEOUT_S} s. Check attnlab serve's log; ` +
                          "/lesson/pyodide/pyodide.asm.wasm must be served as application/wasm."));
       }, LOAD_TIMEOUT_S * 1000);
+      this.abandon = () => { clearTimeout(timer); reject(RESTARTED); };   // a no-op once it has started
       worker.onmessage = ({ data }) => {
         if (data.type === "ready") { clearTimeout(timer); resolve(data.version); }
         else if (data.type === "failed") { clearTimeout(timer); reject(new Error(`Python failed to start: ${data.message}`)); }
@@ -47,17 +50,25 @@ class Python {
       };
       worker.onerror = (e) => { clearTimeout(timer); reject(new Error(`the Python worker failed: ${e.message || "error"}`)); };
     });
-    this.ready.then((version) => setPython("ready", `ready (${version})`),
-                    (err) => { setPython("failed", "not available"); showProblem(err.message); });
+    this.ready = ready;
+    ready.then((version) => { if (this.ready === ready) setPython("ready", `ready (${version})`); },
+               (err) => { if (err !== RESTARTED) { setPython("failed", "not available"); showProblem(err.message); } });
+  }
+
+  async started() {                            // a Stop while waiting for Python: wait for the fresh worker
+    for (;;) {
+      try { return await this.ready; } catch (err) { if (err !== RESTARTED) throw err; }
+    }
   }
 
   async run(code) {
-    await this.ready;
+    await this.started();
     const id = ++this.nextId;
     return new Promise((resolve) => { this.pending.set(id, resolve); this.worker.postMessage({ id, code }); });
   }
 
   stop() {
+    this.abandon();
     this.worker.terminate();
     for (const done of this.pending.values()) done({ stopped: true });
     this.pending.clear();
@@ -185,7 +196,7 @@ async function main() {
   for (const cell of document.querySelectorAll(".cell")) runs[cell.dataset.cell] = setupCell(cell, python);
   setupKnobs(runs);
   try {
-    await python.ready;
+    await python.started();
   } catch {
     return;
   }
