@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from .claims import Claim, VerifyContext
+from .claims import Check, Claim, VerifyContext
 from .code_measure import attention_stats, head_summary, pick_prompts, syntax_samples
 from .code_train import CodeModels, CodeTrainConfig, code_models
 from .report import new_figure, png_bytes
@@ -54,8 +54,8 @@ class CodeClaimConfig:
     top_k: int = 40
 
 
-CODE_FULL = CodeClaimConfig(CodeTrainConfig("code", 5_000_000, 1024, 360.0), prompts=80, max_new_tokens=160,
-                            windows=None, min_syntax_rate=0.25, nested_accuracy=0.5, weight_ratio=2.0,
+CODE_FULL = CodeClaimConfig(CodeTrainConfig("code", 5_000_000, 1024, 360.0), prompts=60, max_new_tokens=128,
+                            windows=200, min_syntax_rate=0.25, nested_accuracy=0.5, weight_ratio=2.0,
                             min_bin_pairs=20, defuse_ratio=3.0, defuse_beats=0.75)
 CODE_QUICK = CodeClaimConfig(CodeTrainConfig("code-small", 1_500_000, 512, 40.0), prompts=30, max_new_tokens=96,
                              windows=60, min_syntax_rate=0.1, nested_accuracy=0.3, weight_ratio=1.5,
@@ -103,41 +103,46 @@ def _se(p: float, q: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p) + q * (1 - q), 1e-12) / max(n, 1))
 
 
-def judge_syntax(rates: dict, n: int, min_rate: float) -> tuple[bool, list[str]]:
+def judge_syntax(rates: dict, n: int, min_rate: float) -> list[Check]:
     """GPT rate >= min_rate and above the LSTM's and the bigram's by more than two standard errors."""
     g = rates["gpt"]
-    checks = [(f"GPT syntax rate {g:.2f} >= {min_rate}", g >= min_rate)]
+    checks = [Check(f"GPT syntax rate >= {min_rate}", n > 0 and g >= min_rate, f"{g:.2f} of {n}")]
     for other in ("lstm", "bigram"):
         o = rates[other]
-        checks.append((f"GPT - {other} = {g - o:+.2f} > 2 SE = {2 * _se(g, o, n):.2f}", g - o > 2 * _se(g, o, n)))
-    return all(ok for _, ok in checks), [f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
+        two_se = 2 * _se(g, o, n)
+        checks.append(Check(f"GPT rate - {other} rate > 2 standard errors of the difference", n > 0 and g - o > two_se,
+                            f"{g:.2f} - {o:.2f} = {g - o:+.2f} vs {two_se:.2f}"))
+    return checks
 
 
-def judge_brackets(s: dict, nested_accuracy: float, ratio: float, min_pairs: int) -> tuple[bool, list[str]]:
+def judge_brackets(s: dict, nested_accuracy: float, ratio: float, min_pairs: int) -> list[Check]:
     """Nested-pair accuracy >= ``nested_accuracy`` and above the nearest-opening baseline; match weight
-    >= ``ratio`` x the same-distance control in every bin with >= ``min_pairs`` controlled pairs."""
+    >= ``ratio`` x the same-distance control in every bin with >= ``min_pairs`` controlled pairs (at least two bins)."""
     acc, base = s["bracket_accuracy_nested"], s["nearest_open_accuracy_nested"]
-    checks = [(f"nested pairs ({s['nested_pairs']}): head accuracy {acc:.2f} >= {nested_accuracy} and > nearest-"
-               f"opening baseline {base:.2f}", s["nested_pairs"] > 0 and acc >= nested_accuracy and acc > base)]
-    judged = 0
+    checks = [Check(f"nested pairs: the head's strongest attention is on the match in >= {nested_accuracy:.0%} "
+                    "and more often than the nearest preceding opening bracket",
+                    s["nested_pairs"] > 0 and acc >= nested_accuracy and acc > base,
+                    f"{acc:.2f} vs {base:.2f} ({s['nested_pairs']} pairs)")]
+    judged = []
     for name, b in s["by_distance"].items():
         if b["controlled_pairs"] >= min_pairs and b["weight_control"] is not None:
-            judged += 1
-            r = b["weight_match"] / max(b["weight_control"], 1e-12)
-            checks.append((f"distance {name}: match weight {b['weight_match']:.3f} / control "
-                           f"{b['weight_control']:.3f} = {r:.1f} >= {ratio}", r >= ratio))
-    checks.append((f"distance bins judged: {judged} >= 2", judged >= 2))
-    return all(ok for _, ok in checks), [f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
+            judged.append((name, b["weight_match"] / max(b["weight_control"], 1e-12)))
+    worst = min(judged, key=lambda t: t[1]) if judged else ("-", 0.0)
+    checks.append(Check(f"weight on the match >= {ratio} x the weight on non-matching opening brackets at the same "
+                        f"distance, in every distance bin with >= {min_pairs} pairs (at least two bins)",
+                        len(judged) >= 2 and worst[1] >= ratio,
+                        f"{len(judged)} bins, lowest ratio {worst[1]:.1f} at {worst[0]} tokens"))
+    return checks
 
 
-def judge_def_use(s: dict, ratio: float, beats: float, min_pairs: int) -> tuple[bool, list[str]]:
+def judge_def_use(s: dict, ratio: float, beats: float, min_pairs: int) -> list[Check]:
     """Enough pairs; def weight >= ``ratio`` x same-distance control; share of pairs beating it >= ``beats``."""
     w, c, n = s["defuse_weight"], s["defuse_control"], s["defuse_pairs"]
-    checks = [(f"pairs {n} >= {min_pairs}", n >= min_pairs),
-              (f"weight on the definition {w:.3f} >= {ratio} x control {c:.3f}", n > 0 and w >= ratio * c),
-              (f"pairs whose def weight beats their control {s['defuse_beats_control']:.2f} >= {beats}",
-               s["defuse_beats_control"] >= beats)]
-    return all(ok for _, ok in checks), [f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
+    return [Check(f"at least {min_pairs} definition -> use pairs", n >= min_pairs, str(n)),
+            Check(f"mean weight on the definition >= {ratio} x the same head's weight at the same distance",
+                  n > 0 and w >= ratio * c, f"{w:.3f} vs {c:.3f}"),
+            Check(f"the definition gets more than the control in >= {beats:.0%} of pairs",
+                  n > 0 and s["defuse_beats_control"] >= beats, f"{s['defuse_beats_control']:.0%}")]
 
 
 def best_head(stats: dict, score) -> tuple[int, int]:
@@ -181,7 +186,7 @@ def claim_code_syntax(ctx: VerifyContext) -> Claim:
         rates[name] = float(np.mean([s["ok"] for s in samples[name]])) if prompts else 0.0
         finished[name] = float(np.mean([s["finished"] for s in samples[name]])) if prompts else 0.0
     n = len(prompts)
-    passed, checks = judge_syntax(rates, n, cfg.min_syntax_rate)
+    checks = judge_syntax(rates, n, cfg.min_syntax_rate)
     example = next((s for s in samples["gpt"] if s["ok"]), samples["gpt"][0] if n else {"name": "", "body": ""})
     return Claim(
         "code-syntax", "Code completion: valid syntax, GPT vs LSTM vs bigram",
@@ -189,9 +194,9 @@ def claim_code_syntax(ctx: VerifyContext) -> Claim:
         criterion=f"{n} held-out functions, each prompt its def line and docstring, one body sampled per model "
                   f"(temperature {cfg.temperature}, top-k {cfg.top_k}, at most {cfg.max_new_tokens} tokens, cut "
                   "where the function ends), accepted when ast.parse takes prompt + body with a statement after "
-                  "the docstring. " + "; ".join(checks),
-        passed=passed,
-        measurement={"syntax_rate": rates, "finished_rate": finished, "prompts": n, "checks": checks,
+                  "the docstring",
+        checks=checks,
+        measurement={"syntax_rate": rates, "finished_rate": finished, "prompts": n,
                      "models": m.provenance, "example": {"function": example["name"], "body": example["body"][:400]},
                      "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k,
                                   "max_new_tokens": cfg.max_new_tokens}},
@@ -235,16 +240,15 @@ def claim_code_brackets(ctx: VerifyContext) -> Claim:
     st = _stats(ctx, cfg, m)
     layer, head = best_head(st["select"], _bracket_score)
     s = head_summary(st["test"], layer, head)
-    passed, checks = judge_brackets(s, cfg.nested_accuracy, cfg.weight_ratio, cfg.min_bin_pairs)
+    checks = judge_brackets(s, cfg.nested_accuracy, cfg.weight_ratio, cfg.min_bin_pairs)
     return Claim(
         "code-brackets", "Code: a bracket-matching head, by distance and nesting",
         statement="Self-attention learns the matching of opening and closing brackets.",
         criterion=f"the head with the best bracket accuracy on the 'select' half of the held-out files, measured "
-                  f"on the 'test' half ({st['test']['windows']} windows of {m.gpt.cfg.block_size} tokens): "
-                  + "; ".join(checks),
-        passed=passed,
+                  f"on the 'test' half ({st['test']['windows']} windows of {m.gpt.cfg.block_size} tokens)",
+        checks=checks,
         measurement={"layer": layer, "head": head, **{k: v for k, v in s.items() if k not in ("layer", "head")},
-                     "checks": checks, "models": m.provenance},
+                     "models": m.provenance},
         summary=f"L{layer}H{head}: bracket accuracy {s['bracket_accuracy']:.2f} ({s['bracket_pairs']} pairs), nested "
                 f"{s['bracket_accuracy_nested']:.2f} vs nearest-opening {s['nearest_open_accuracy_nested']:.2f}",
         figure=_bracket_plot(s, layer, head),
@@ -271,7 +275,7 @@ def claim_code_def_use(ctx: VerifyContext) -> Claim:
     st = _stats(ctx, cfg, m)
     layer, head = best_head(st["select"], _defuse_score)
     s = head_summary(st["test"], layer, head)
-    passed, checks = judge_def_use(s, cfg.defuse_ratio, cfg.defuse_beats, cfg.min_defuse_pairs)
+    checks = judge_def_use(s, cfg.defuse_ratio, cfg.defuse_beats, cfg.min_defuse_pairs)
     keys = ("defuse_pairs", "defuse_weight", "defuse_control", "defuse_beats_control", "defuse_argmax_on_def",
             "defuse_mean_distance")
     return Claim(
@@ -279,9 +283,9 @@ def claim_code_def_use(ctx: VerifyContext) -> Claim:
         statement="Self-attention connects a function definition (or assignment) with its use many lines later.",
         criterion="pairs: a name bound by def/class/assignment and a use >= 5 lines later with no other occurrence "
                   "of the name in between; the head with the largest (def weight - control) on the 'select' "
-                  "half, measured on the 'test' half: " + "; ".join(checks),
-        passed=passed,
-        measurement={"layer": layer, "head": head, **{k: s[k] for k in keys}, "checks": checks,
+                  "half, measured on the 'test' half",
+        checks=checks,
+        measurement={"layer": layer, "head": head, **{k: s[k] for k in keys},
                      "models": m.provenance},
         summary=f"L{layer}H{head}: weight on the definition {s['defuse_weight']:.3f} vs {s['defuse_control']:.3f} at "
                 f"the same distance ({s['defuse_pairs']} pairs, beats it in {s['defuse_beats_control']:.0%})",

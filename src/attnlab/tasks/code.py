@@ -145,6 +145,11 @@ class CodeTask:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
         self.config, self.data = model_config, data
         self.block_size = getattr(model_config, "block_size", block_size)
+        short = min(len(data.train_ids), len(data.val_ids))
+        if short < self.block_size + 1:
+            raise ValueError(f"--corpus-bytes {data.info['max_bytes']} gives {len(data.train_ids)} training and "
+                             f"{len(data.val_ids)} held-out tokens; both need at least block_size + 1 = "
+                             f"{self.block_size + 1}: use more source (e.g. --corpus-bytes 300000)")
 
     def model_config(self) -> dict:
         return self.config.to_dict()
