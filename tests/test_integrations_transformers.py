@@ -300,6 +300,12 @@ def test_convert_packed_and_unknown_overlays():
     out = convert(1, 7, 7, mask_function=fn)
     assert not out.structured and isinstance(out.mask, DenseMask)
     assert torch.equal(out.mask.dense(7, 7), _hf_dense(batch_size=1, q_length=7, kv_length=7, mask_function=fn))
+    # a padding mask with a hole is neither left nor right padding: an exact (B, 1, 1, S) key mask
+    am = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    out = convert(2, 5, 5, attention_mask=am)
+    assert not out.structured and any(isinstance(p, DenseMask) for p in masks.parts(out.mask))
+    assert torch.equal(out.mask.dense(5, 5).expand(2, 1, 5, 5), _hf_dense(batch_size=2, q_length=5, kv_length=5,
+                                                                          attention_mask=am))
 
 
 # --- kwargs: supported or refused by name ------------------------------------------------------------

@@ -147,13 +147,14 @@ def _structured(terms: list[tuple], pm: Optional[Tensor], L: int, S: int, d0: in
         if ids.shape[-1] != keep or L != keep or d0 != 0:
             return None
         parts.append(masks.documents(ids))
-    p = None if pm is None else _padding(pm[:, :keep])
-    if p is not None:
-        parts.append(p)
+    pad = None if pm is None else _padding(pm[:, :keep])
+    if pad is not None:
+        parts.append(pad)
     mask = None
-    for p in parts:
-        mask = p if mask is None else mask & p
-    return HFMask(mask, None if keep == S else keep)
+    for part in parts:
+        mask = part if mask is None else mask & part
+    # a padding mask with holes stays an element-wise (B, 1, 1, S) key mask: exact, but not skippable
+    return HFMask(mask, None if keep == S else keep, structured=not isinstance(pad, masks.DenseMask))
 
 
 def convert(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,

@@ -122,13 +122,13 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     B, H, L, _ = query.shape
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     mask, bias, keep = _mask_of(attention_mask, query, key, bool(causal), kwargs.get("sliding_window"))
-    if keep is not None and keep < key.shape[2]:     # keys no query can reach (StaticCache tail)
+    S_all = key.shape[2]
+    if keep is not None and keep < S_all:            # keys no query can reach (StaticCache tail)
         key, value = key[:, :, :keep], value[:, :, :keep]                            # (B, Hkv, keep, D)
     S = key.shape[2]
-    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
-        cu_q = kwargs.get("cu_seq_lens_q")
-        docs = _documents_from_cu(cu_q, kwargs.get("cu_seq_lens_k", cu_q) if kwargs.get("cu_seq_lens_k") is not None
-                                  else cu_q, B, L, S)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None or cu_k is not None:
+        docs = _documents_from_cu(cu_q if cu_q is not None else cu_k, cu_k if cu_k is not None else cu_q, B, L, S)
         mask = docs if mask is None else (masks.dense(mask) if isinstance(mask, Tensor) else mask) & docs
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:
@@ -144,6 +144,8 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     res = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=float(dropout),
                     backend=backend, return_weights=want_weights, **extra)
     out, weights = res if want_weights else (res, None)                             # (B, H, L, Dv)
+    if weights is not None and S < S_all:            # the cut-off keys had weight 0
+        weights = torch.nn.functional.pad(weights, (0, S_all - S))                     # (B, H, L, S_all)
     return out.transpose(1, 2).contiguous(), weights                               # (B, L, H, Dv)
 
 
