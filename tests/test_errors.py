@@ -49,3 +49,71 @@ def test_named_backend_that_cannot_honour_request():
 def test_explain_validates_too():
     with pytest.raises(ValueError, match="q heads must be a multiple"):
         al.explain(q4, torch.randn(2, 3, 7, 16), torch.randn(2, 3, 7, 12))
+
+
+# -- issue #18: explain honours backend=, and the library's messages say what to do -------------------------
+def test_explain_answers_for_the_named_backend():
+    q = torch.randn(1, 2, 8, 16)
+    lines = al.explain(q, q, q, backend="reference").splitlines()
+    assert lines[1].startswith("reference (named) -> runs: textbook math")
+    assert lines[2].startswith("auto -> ")                                 # what auto would do follows
+    qb = q.bfloat16()
+    why = al.explain(qb, qb, qb, bias=torch.zeros(8, 8), backend="sdpa").splitlines()[1]
+    assert why.startswith("sdpa (named) -> cannot compute this request: SDPA needs the additive mask")
+    with pytest.raises(ValueError, match="unknown attention backend 'flash9'"):
+        al.explain(q, q, q, backend="flash9")
+
+
+def test_explain_of_an_expanded_input_does_not_invent_a_mask():
+    q = torch.randn(1, 8, 1024, 1).expand(1, 8, 1024, 64)                   # last stride 0, no mask, no bias
+    text = al.explain(q, q, q)
+    assert "mask or bias is involved" not in text and "needs the dense mask" not in text
+    assert "math path (an input whose last dim is not contiguous" in text
+
+
+def test_reference_refuses_a_terabyte_before_allocating():
+    q = torch.empty(1, 8, 2 ** 20, 64)                                      # 4 MB of input, ~100 TB of scores
+    with pytest.raises(MemoryError, match=r"\(1, 8, 1048576, 1048576\) scores: ~[\d,]+ GiB.*backend='tiled' or 'native'"):
+        al.attention(q, q, q, backend="reference")
+
+
+def test_meta_tensors_give_shapes_or_a_clear_refusal():
+    q = torch.empty(2, 4, 64, 16, device="meta")
+    assert al.attention(q, q, q, causal=True).shape == (2, 4, 64, 16)
+    dense = torch.ones(64, 64, dtype=torch.bool, device="meta")
+    assert al.attention(q, q, q, mask=dense).is_meta                         # auto: the reference, shape only
+    assert "meta tensors carry no data" in al.explain(q, q, q, mask=dense)
+    with pytest.raises(ValueError, match="cannot run on meta tensors with a dense.*backend='auto' or 'reference'"):
+        al.attention(q, q, q, mask=dense, backend="tiled")
+
+
+def test_mask_and_tensor_suggests_masks_dense():
+    t = torch.ones(5, 5, dtype=torch.bool)
+    for combine in (lambda: al.masks.causal() & t, lambda: t & al.masks.causal()):
+        with pytest.raises(TypeError, match=r"masks\.causal\(\) & masks\.dense\(bool_tensor\)"):
+            combine()
+    al.attention(q4[:, :, :5, :], q4[:, :, :5, :], q4[:, :, :5, :], mask=al.masks.causal() & al.masks.dense(t))
+
+
+def test_multihead_attention_input_dtype():
+    from attnlab.nn import AttentionConfig, MultiHeadAttention
+    mha = MultiHeadAttention(AttentionConfig(d_model=16, n_heads=2))
+    with pytest.raises(TypeError, match=r"x is torch.float64 but the layer's weights are torch.float32: convert"):
+        mha(torch.randn(1, 3, 16, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"floating-point .* got torch.int64: token ids go through an embedding"):
+        mha(torch.ones(1, 3, 16, dtype=torch.long))
+    assert mha.to(torch.float64)(torch.randn(1, 3, 16, dtype=torch.float64)).dtype == torch.float64
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(positional="rotary"), r"unknown positional scheme 'rotary'; choose from \[.*'rope'"),
+    (dict(backend="flash"), r"unknown attention backend 'flash'"),
+    (dict(d_model=-64), r"d_model must be a positive int, got -64"),
+    (dict(n_heads=0), r"n_heads must be a positive int, got 0"),
+    (dict(n_kv_heads=-1), r"n_kv_heads must be a positive int"),
+    (dict(scale=-1.0), r"scale must be a positive number"),
+])
+def test_attention_config_validates_names_and_signs_at_construction(kwargs, match):
+    from attnlab.nn import AttentionConfig
+    with pytest.raises(ValueError, match=match):
+        AttentionConfig(**{"d_model": 64, "n_heads": 4, **kwargs})
