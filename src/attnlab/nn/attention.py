@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from ..functional import attention, masks
 from ..functional.backends.reference import accum_dtype, dense_bias
-from ..positional import make_positional
+from ..functional.registry import get_backend
+from ..positional import POSITIONAL, make_positional
 from .kv_cache import KVCache
 
 __all__ = ["AttentionConfig", "MultiHeadAttention", "Intermediates"]
@@ -50,7 +51,17 @@ class AttentionConfig:
     backend: str = "auto"                     # any name of attnlab.available_backends()
 
     def __post_init__(self):
-        if self.d_model <= 0 or self.n_heads <= 0 or self.d_model % self.n_heads:
+        for name in ("d_model", "n_heads", "n_kv_heads", "d_context"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.positional is not None and self.positional not in POSITIONAL:
+            raise ValueError(f"unknown positional scheme {self.positional!r}; choose from {sorted(POSITIONAL)} or None")
+        if self.backend != "auto":
+            get_backend(self.backend)                      # ValueError naming the known backends
+        if self.scale is not None and not 0 < self.scale < float("inf"):
+            raise ValueError(f"scale must be a positive number or None (1/sqrt(head_dim)), got {self.scale!r}")
+        if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head "
                              f"gets d_model / n_heads channels; pick n_heads dividing {self.d_model}")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
@@ -159,6 +170,16 @@ class MultiHeadAttention(nn.Module):
         cfg = self.cfg
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != cfg.d_model:
             raise ValueError(f"x must be (B, L, {cfg.d_model}), got {tuple(getattr(x, 'shape', ()))}")
+        w = self.q_proj.weight
+        for name, t in (("x", x), ("context", context)):
+            if t is None:
+                continue
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor (B, L, C), got {t.dtype}: token ids go "
+                                "through an embedding (nn.Embedding) first")
+            if t.dtype != w.dtype and not torch.is_autocast_enabled(t.device.type):
+                raise TypeError(f"{name} is {t.dtype} but the layer's weights are {w.dtype}: convert one "
+                                f"(x.to({w.dtype}) or layer.to({t.dtype})), or run under torch.autocast")
         if not cfg.cross:
             if context is not None:
                 raise ValueError("this layer is self-attention (cfg.cross=False) but a context was given; "
