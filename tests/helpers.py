@@ -9,6 +9,7 @@ import torch
 from attnlab.functional import masks
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.functional.backends.sdpa import sdpa_attention
+from attnlab.functional.backends.native import native_attention
 from attnlab.functional.backends.tiled import tiled_attention
 
 MASK_KINDS = ["none", "causal", "padding", "window", "documents", "dense", "fully_masked"]
@@ -18,6 +19,8 @@ MASK_KINDS = ["none", "causal", "padding", "window", "documents", "dense", "full
 CANDIDATES = {
     "sdpa": sdpa_attention,
     "tiled": partial(tiled_attention, block_q=8, block_k=16),
+    # the compiled kernel, with tiles small enough that every row kind and chunk boundary occurs
+    "native": partial(native_attention, block_q=8, block_k=16),
 }
 
 # Absolute error floor per dtype, for cases where the same-dtype reference happens to be exact.

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["StructuredBias", "FunctionBias"]
+__all__ = ["StructuredBias", "FunctionBias", "relative_table"]
 
 
 class StructuredBias:
@@ -29,6 +29,9 @@ class StructuredBias:
     """
 
     params: tuple[Tensor, ...] = ()
+    #: True when the bias depends on (batch, head, j - i) only (ALiBi, T5 buckets): then a per-offset
+    #: table of L + S - 1 values is exact, and kernels read it instead of calling ``tile``.
+    relative: bool = False
 
     def tile(self, i: Tensor, j: Tensor, *params: Tensor) -> Tensor:
         raise NotImplementedError
@@ -53,6 +56,18 @@ class StructuredBias:
         """The whole bias (B|1, H|1, L, S), differentiable in ``params``."""
         return self.block(0, L, 0, S, L, S)
 
+    def table(self, L: int, S: int) -> "tuple[Tensor, int] | None":
+        """The bias as a small table that kernels index, or None (then only ``tile`` describes it).
+
+        Returns ``(T, c0)`` with T of shape (B|1, H|1, L|1, W) such that the bias of query row i and
+        key j is ``T[b, h, i (or 0), clamp(j - i + c0, 0, W - 1)]``, differentiable in ``params``.
+        A relative bias gives its per-offset table (W = L + S - 1, one row); Shaw's key term gives
+        one row of 2k + 1 clipped offsets per query. O(L + S) or O(L k), never O(L S).
+        """
+        if not self.relative:
+            return None
+        return relative_table(self, L, S)[:, :, None, :], L - 1
+
     def check(self, B: int, H: int, L: int, S: int) -> None:
         probe = self.block(0, min(L, 1), 0, min(S, 1), L, S)
         if probe.dim() != 4 or probe.shape[0] not in (1, B) or probe.shape[1] not in (1, H):
@@ -71,3 +86,19 @@ class FunctionBias(StructuredBias):
 
     def __repr__(self):
         return f"FunctionBias({getattr(self.fn, '__name__', 'fn')}, {len(self.params)} params)"
+
+
+def relative_table(bias: StructuredBias, L: int, S: int) -> Tensor:
+    """(B|1, H|1, L + S - 1) values of a relative bias at offsets j - p = -(S - 1) ... L - 1.
+
+    Entry d + S - 1 holds the bias at offset d (so query row i and key j read entry j - i + L - 1).
+    The offsets <= 0 are read from the last query's row, the others from the last key's column:
+    only positions the mask math already uses. Differentiable in the bias's parameters.
+    """
+    last_row = bias.block(L - 1, L, 0, S, L, S)              # (B|1, H|1, 1, S): d = -(S-1) .. 0
+    last_col = bias.block(0, L - 1, S - 1, S, L, S)          # (B|1, H|1, L-1, 1): d = L-1 .. 1
+    Bb = max(last_row.shape[0], last_col.shape[0])
+    Hb = max(last_row.shape[1], last_col.shape[1])
+    row = last_row[:, :, 0, :].expand(Bb, Hb, S)
+    col = last_col[:, :, :, 0].flip(-1).expand(Bb, Hb, L - 1)
+    return torch.cat([row, col], -1)                         # (Bb, Hb, L + S - 1)

@@ -43,6 +43,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
 class AlibiBias(StructuredBias):
     """-m_h |i - j| per tile: (1, H, lr, lc) from slopes (H,)."""
 
+    relative = True                      # a function of (h, j - i) only: kernels read a per-offset table
+
     def __init__(self, slopes: Tensor):
         self.params = (slopes,)
 

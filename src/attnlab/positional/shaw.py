@@ -47,6 +47,11 @@ class ShawKeyBias(StructuredBias):
         rel = ((j - i).clamp(-self.k, self.k) + self.k)                  # (lr, lc) bucket per pair
         return rows.gather(-1, rel.expand(*rows.shape[:2], *rel.shape))  # (B, H, lr, lc)
 
+    def table(self, L: int, S: int):
+        """qw itself: row i, key j reads qw[..., i, clamp(j - (i + S - L), -k, k) + k]."""
+        (qw,) = self.params
+        return qw, self.k - (S - L)
+
 
 class ShawRelative(nn.Module):
     """The 2k + 1 relative key (and value) embeddings of width head_dim, shared by all heads."""

@@ -44,6 +44,8 @@ def t5_bucket(rel: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_di
 class T5BucketBias(StructuredBias):
     """table[bucket(j - i), h] per tile: (1, H, lr, lc) from a (num_buckets, H) table."""
 
+    relative = True                      # a function of (h, j - i) only: kernels read a per-offset table
+
     def __init__(self, table: Tensor, bidirectional: bool, max_distance: int):
         self.params = (table,)
         self.bidirectional, self.max_distance = bidirectional, max_distance

@@ -1,2 +1,2 @@
 """Backends, one file each; importing this package registers them all."""
-from . import reference, sdpa, sparse, tiled, linear, favor, triton_attn  # noqa: F401
+from . import reference, sdpa, sparse, tiled, native, linear, favor, triton_attn  # noqa: F401

@@ -1,0 +1,171 @@
+// Python bindings: argument checks at the boundary (TORCH_CHECK names the values and the fix),
+// then one call into the forward or backward kernel. The Python side
+// (attnlab/functional/backends/native.py) prepares the mask spans/bits and the bias table.
+#include <torch/extension.h>
+
+#include "native.h"
+
+namespace attnlab {
+
+template <typename scalar_t>
+void run_forward(const Problem<typename Acc<scalar_t>::type>&, const at::Tensor&, const at::Tensor&,
+                 const at::Tensor&, at::Tensor&, at::Tensor&);
+template <typename scalar_t>
+void run_backward(const Problem<typename Acc<scalar_t>::type>&, const at::Tensor&, const at::Tensor&,
+                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                  at::Tensor&, at::Tensor&, at::Tensor*);
+
+namespace {
+
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "native attention runs on the CPU; got q on ", q.device(), ": use backend='tiled' or 'triton' on GPUs");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-D (B, H, L, D)");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "q, k, v must share a dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
+  auto t = q.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kBFloat16,
+              "native attention takes float32, float64 or bfloat16, got ", t, ": cast the inputs or use backend='tiled'");
+  for (const at::Tensor* x : {&q, &k, &v})
+    TORCH_CHECK(x->size(3) <= 1 || x->stride(3) == 1, "the last dim of q, k and v must be contiguous (stride 1), got ",
+                x->strides(), ": call .contiguous()");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "q has ", q.size(1), " heads, k has ", k.size(1),
+              ": q heads must be a multiple of k heads");
+}
+
+// Problem from the Python-side arguments (the tensors must outlive the call: they are borrowed).
+template <typename acc_t>
+Problem<acc_t> make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::optional<at::Tensor>& spans, const c10::optional<at::Tensor>& bits,
+                            int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
+                            double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
+  Problem<acc_t> pb;
+  pb.B = q.size(0); pb.H = q.size(1); pb.Hkv = k.size(1); pb.G = pb.H / pb.Hkv;
+  pb.L = q.size(2); pb.S = k.size(2); pb.D = q.size(3); pb.Dv = v.size(3);
+  TORCH_CHECK(BQ > 0 && BK > 0, "tile sizes must be positive, got block_q=", BQ, " block_k=", BK);
+  pb.BQ = BQ; pb.BK = BK;
+  pb.scale = scale; pb.softcap = softcap;
+  if (spans && spans->defined()) {
+    const auto& s = *spans;
+    TORCH_CHECK(s.scalar_type() == at::kLong && s.dim() == 4 && s.is_contiguous() && s.size(1) == pb.L &&
+                s.size(3) == 2 && (s.size(0) == 1 || s.size(0) == pb.B),
+                "spans must be a contiguous int64 (B|1, L, K, 2) tensor, got ", s.sizes());
+    pb.spans = s.data_ptr<int64_t>();
+    pb.spans_sb = s.size(0) == 1 ? 0 : s.stride(0);
+    pb.K = s.size(2);
+  }
+  if (bits && bits->defined()) {
+    const auto& m = *bits;
+    TORCH_CHECK(m.scalar_type() == at::kLong && m.dim() == 4 && m.is_contiguous() && m.size(2) == pb.L &&
+                m.size(3) == (pb.S + 63) / 64,
+                "bits must be a contiguous int64 (B|1, H|1, L, ceil(S/64)) tensor, got ", m.sizes());
+    pb.bits = reinterpret_cast<const uint64_t*>(m.data_ptr<int64_t>());
+    pb.bits_sb = m.size(0) == 1 ? 0 : m.stride(0);
+    pb.bits_sh = m.size(1) == 1 ? 0 : m.stride(1);
+    pb.W64 = m.size(3);
+  }
+  pb.bias_kind = static_cast<int>(bias_kind);
+  if (bias_kind != 0) {
+    TORCH_CHECK(bias && bias->defined() && bias->dim() == 4 && bias->scalar_type() == acc_type(q.scalar_type()),
+                "bias must be a 4-D ", acc_type(q.scalar_type()), " tensor");
+    const auto& t = *bias;
+    pb.bias = t.data_ptr<acc_t>();
+    pb.bsb = t.size(0) == 1 ? 0 : t.stride(0);
+    pb.bsh = t.size(1) == 1 ? 0 : t.stride(1);
+    pb.bsl = t.size(2) == 1 ? 0 : t.stride(2);
+    pb.bss = t.size(3) == 1 ? 0 : t.stride(3);
+    if (bias_kind == 2) {
+      TORCH_CHECK(t.stride(3) == 1 && t.size(3) == tW, "a relative table must be contiguous in its last dim of size ", tW);
+      pb.tW = tW; pb.tc0 = tc0;
+    }
+  }
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "dropout_p must be in [0, 1), got ", dropout_p);
+  pb.drop.p = dropout_p;
+  pb.drop.seed = static_cast<uint64_t>(seed);
+  pb.drop.threshold = static_cast<uint64_t>(dropout_p * 4294967296.0);
+  pb.drop.inv_keep = dropout_p > 0.0 ? 1.0 / (1.0 - dropout_p) : 1.0;
+  return pb;
+}
+
+std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const c10::optional<at::Tensor>& spans, const c10::optional<at::Tensor>& bits,
+                                int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
+                                double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
+  check_inputs(q, k, v);
+  auto out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(acc_type(q.scalar_type())));
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      run_forward<float>(make_problem<float>(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p,
+                                             seed, BQ, BK), q, k, v, out, lse);
+      break;
+    case at::kDouble:
+      run_forward<double>(make_problem<double>(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
+                                               dropout_p, seed, BQ, BK), q, k, v, out, lse);
+      break;
+    default:
+      run_forward<at::BFloat16>(make_problem<float>(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
+                                                    dropout_p, seed, BQ, BK), q, k, v, out, lse);
+  }
+  return {out, lse};
+}
+
+// Returns dq (B, H, L, D), dk (B, H, S, D), dv (B, H, S, Dv) in the accumulation type (dk/dv per
+// query head: the caller sums GQA groups) and the bias gradient (dense (B, H, L, S) or table
+// (B, H, Lt, W)) when want_dbias.
+std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                                 const at::Tensor& lse, const at::Tensor& delta,
+                                 const c10::optional<at::Tensor>& spans, const c10::optional<at::Tensor>& bits,
+                                 int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
+                                 double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK,
+                                 bool want_dbias) {
+  check_inputs(q, k, v);
+  TORCH_CHECK(dout.sizes() == at::IntArrayRef({q.size(0), q.size(1), q.size(2), v.size(3)}) &&
+              dout.scalar_type() == q.scalar_type() && dout.stride(3) == 1, "dout must match out's shape and dtype");
+  const auto acc = q.options().dtype(acc_type(q.scalar_type()));
+  TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == acc.dtype().toScalarType(),
+              "lse and delta must be contiguous accumulation-type tensors");
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2);
+  auto dq = at::empty({B, H, L, q.size(3)}, acc);
+  auto dk = at::zeros({B, H, S, k.size(3)}, acc);
+  auto dv = at::zeros({B, H, S, v.size(3)}, acc);
+  at::Tensor dbias;
+  if (want_dbias && bias_kind == 1) dbias = at::zeros({B, H, L, S}, acc);
+  if (want_dbias && bias_kind == 2) dbias = at::zeros({B, H, bias->size(2), tW}, acc);
+  at::Tensor* db = dbias.defined() ? &dbias : nullptr;
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      run_backward<float>(make_problem<float>(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p,
+                                              seed, BQ, BK), q, k, v, dout, lse, delta, dq, dk, dv, db);
+      break;
+    case at::kDouble:
+      run_backward<double>(make_problem<double>(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
+                                                dropout_p, seed, BQ, BK), q, k, v, dout, lse, delta, dq, dk, dv, db);
+      break;
+    default:
+      run_backward<at::BFloat16>(make_problem<float>(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
+                                                     dropout_p, seed, BQ, BK), q, k, v, dout, lse, delta, dq, dk, dv, db);
+  }
+  return {dq, dk, dv, dbias};
+}
+
+}  // namespace
+}  // namespace attnlab
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "attnlab's compiled CPU attention kernel (FlashAttention-2 forward and backward)";
+  m.def("forward", &attnlab::forward, "forward pass -> [out (B, H, L, Dv), lse (B, H, L)]");
+  m.def("backward", &attnlab::backward, "backward pass -> [dq, dk, dv (per query head), dbias]");
+  m.def("blas", &attnlab::blas_name, "which GEMM each dtype uses");
+  m.def("capability", []() {
+#if defined(CPU_CAPABILITY_AVX512)
+    return std::string("AVX512");
+#elif defined(CPU_CAPABILITY_AVX2)
+    return std::string("AVX2");
+#else
+    return std::string("DEFAULT (scalar at::vec)");
+#endif
+  });
+}

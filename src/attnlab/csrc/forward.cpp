@@ -1,0 +1,134 @@
+// FlashAttention-2 forward on the CPU: one parallel region over (batch, head, query tile).
+//
+// For each query tile (BQ rows) the kernel visits only the key range its rows may attend, in
+// chunks of BK keys. Per chunk: one GEMM S = Q K^T into a (BQ, BK) buffer that stays in cache,
+// the logits row by row (scale, softcap, bias, mask) over each row's exact allowed columns, the
+// online softmax (running max m and sum l per row; Milakov & Gimelshein 2018), and one GEMM
+// O += P V. The division by l is deferred to the end (Dao 2023), and the per-row log-sum-exp is
+// saved for the backward pass and for ring attention's merge.
+#include "native.h"
+
+namespace attnlab {
+namespace {
+
+template <typename scalar_t>
+void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scalar_t* q, const int64_t* qs,
+                    const scalar_t* k, const int64_t* ks, const scalar_t* v, const int64_t* vs, scalar_t* out,
+                    const int64_t* os, typename Acc<scalar_t>::type* lse) {
+  using acc_t = typename Acc<scalar_t>::type;
+  using Vec = at::vec::Vectorized<acc_t>;
+  const int64_t VW = Vec::size();
+  const int64_t nq = pb.n_qtiles();
+  const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+  const acc_t alpha_qk = qk_alpha(pb);
+
+  at::parallel_for(0, pb.B * pb.H * nq, 1, [&](int64_t begin, int64_t end) {
+    // Per-thread scratch, allocated once per call.
+    std::vector<acc_t> s(pb.BQ * pb.BK);                 // (BQ, BK) logits, then probabilities
+    std::vector<scalar_t> p_in(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * pb.BK);   // P rounded for the GEMM
+    std::vector<acc_t> o(pb.BQ * pb.Dv);                 // (BQ, Dv) unnormalized output
+    std::vector<acc_t> m(pb.BQ), l(pb.BQ);               // running max (base 2) and sum per row
+    RowPlan rp(pb.BQ);
+
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t b = unit / (pb.H * nq), h = (unit / nq) % pb.H, t = unit % nq;
+      const int64_t hk = h / pb.G;
+      const int64_t r0 = t * pb.BQ, nr = std::min(pb.BQ, pb.L - r0);
+      const scalar_t* qt = q + b * qs[0] + h * qs[1] + r0 * qs[2];
+      const scalar_t* kb = k + b * ks[0] + hk * ks[1];
+      const scalar_t* vb = v + b * vs[0] + hk * vs[1];
+      std::fill(o.begin(), o.begin() + nr * pb.Dv, acc_t(0));
+      std::fill(m.begin(), m.begin() + nr, ninf);
+      std::fill(l.begin(), l.begin() + nr, acc_t(0));
+
+      int64_t klo, khi;
+      tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, klo, khi);
+      for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
+        const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
+        bool all_full;
+        if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;       // an EMPTY block
+        gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
+
+        for (int64_t r = 0; r < nr; ++r) {
+          acc_t* row = s.data() + r * pb.BK;
+          const int8_t kind = rp.kind[r];
+          if (kind == kEmpty) { std::fill(row, row + nk, acc_t(0)); continue; }
+          const int64_t a = rp.a[r], e = rp.e[r], i = r0 + r;
+          row_logits(pb, b, h, i, c0, kind, a, e, row, static_cast<acc_t*>(nullptr));
+          // running max over the allowed columns only
+          acc_t mx = ninf;
+          {
+            int64_t j = a;
+            Vec vmx(ninf);
+            for (; j + VW <= e; j += VW) vmx = at::vec::maximum(vmx, Vec::loadu(row + j));
+            mx = hmax(vmx);
+            for (; j < e; ++j) mx = nan_max(mx, row[j]);
+          }
+          const acc_t m_new = std::max(m[r], mx);
+          if (m_new == ninf) { std::fill(row, row + nk, acc_t(0)); continue; }   // nothing allowed yet
+          const acc_t corr = std::exp2(m[r] - m_new);                        // 0 when m was -inf
+          m[r] = m_new;
+          // p = exp2(s - m) on [a, e), zeros around it
+          acc_t sum = 0;
+          {
+            const Vec vm(m_new);
+            Vec vsum(acc_t(0));
+            int64_t j = a;
+            for (; j + VW <= e; j += VW) {
+              Vec p = (Vec::loadu(row + j) - vm).exp2();
+              p.store(row + j);
+              vsum = vsum + p;
+            }
+            sum = hsum(vsum);
+            for (; j < e; ++j) { row[j] = std::exp2(row[j] - m_new); sum += row[j]; }
+          }
+          std::fill(row, row + a, acc_t(0));
+          std::fill(row + e, row + nk, acc_t(0));
+          l[r] = l[r] * corr + sum;
+          if (corr != acc_t(1)) {
+            acc_t* orow = o.data() + r * pb.Dv;
+            for (int64_t d = 0; d < pb.Dv; ++d) orow[d] *= corr;
+          }
+          if (pb.drop.p > 0.0) {    // dropout acts on the weights applied to V, not on the sum l
+            const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(b * pb.H + h), static_cast<uint64_t>(i));
+            const acc_t inv = static_cast<acc_t>(pb.drop.inv_keep);
+            for (int64_t j = a; j < e; ++j)
+              row[j] = pb.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? row[j] * inv : acc_t(0);
+          }
+        }
+        const scalar_t* p = as_input(s.data(), p_in.data(), nr * pb.BK);
+        gemm(false, false, nr, pb.Dv, nk, acc_t(1), p, pb.BK, vb + c0 * vs[2], vs[2], acc_t(1), o.data(), pb.Dv);
+      }
+      // out = o / l; lse = (m + log2 l) * ln 2; rows that saw nothing: 0 and -inf
+      for (int64_t r = 0; r < nr; ++r) {
+        scalar_t* orow = out + b * os[0] + h * os[1] + (r0 + r) * os[2];
+        const acc_t* acc = o.data() + r * pb.Dv;
+        const bool seen = l[r] > acc_t(0);
+        const acc_t inv = seen ? acc_t(1) / l[r] : acc_t(0);
+        for (int64_t d = 0; d < pb.Dv; ++d) orow[d] = static_cast<scalar_t>(acc[d] * inv);
+        lse[(b * pb.H + h) * pb.L + r0 + r] =
+            seen ? static_cast<acc_t>((m[r] + std::log2(l[r])) * kLn2) : ninf;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+template <typename scalar_t>
+void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tensor& q, const at::Tensor& k,
+                 const at::Tensor& v, at::Tensor& out, at::Tensor& lse) {
+  const int64_t qs[3] = {q.stride(0), q.stride(1), q.stride(2)}, ks[3] = {k.stride(0), k.stride(1), k.stride(2)};
+  const int64_t vs[3] = {v.stride(0), v.stride(1), v.stride(2)}, os[3] = {out.stride(0), out.stride(1), out.stride(2)};
+  forward_kernel<scalar_t>(pb, q.data_ptr<scalar_t>(), qs, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs,
+                           out.data_ptr<scalar_t>(), os, lse.data_ptr<typename Acc<scalar_t>::type>());
+}
+
+template void run_forward<float>(const Problem<float>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 at::Tensor&, at::Tensor&);
+template void run_forward<double>(const Problem<double>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  at::Tensor&, at::Tensor&);
+template void run_forward<at::BFloat16>(const Problem<float>&, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, at::Tensor&, at::Tensor&);
+
+}  // namespace attnlab

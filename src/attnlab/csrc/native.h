@@ -1,0 +1,310 @@
+// The compiled CPU attention kernel: what the forward and backward passes share.
+//
+// Layout (the package's one convention): q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv),
+// out (B, H, L, Dv); query head h reads kv head h / (H / Hkv). Inputs may have any strides as long
+// as the last dim is contiguous (the GEMMs take a leading dimension), so (B, L, H, D) views run
+// without a copy.
+//
+// The mask reaches the kernel in two forms that can be combined (AND):
+//   spans  (Bm, L, K, 2) int64: per query row, K half-open key intervals [lo, hi) it may attend
+//          (causal, window, padding, contiguous documents and their & combinations; Mask.row_spans);
+//   bits   (Bb, Hb, L, W64) int64 words: a bit-packed dense mask (bit j % 64 of word j / 64),
+//          for masks with no interval form; read only where the spans leave a row partial.
+// Rows are what the kernel skips by: a query tile visits only the key range its rows' spans cover,
+// and within a key chunk each row is EMPTY (skipped), FULL (no mask work) or masked in registers.
+//
+// Biases: a dense tensor (Bb, Hb, L|1, S|1) with any strides (stride 0 = broadcast), or a relative
+// table T (Bt, Ht, Lt, W) read as T[b, h, i (or 0), clamp(j - i + c0, 0, W - 1)]: ALiBi and T5 (a
+// function of j - i only, Lt = 1) and Shaw's key term (one row per query, Lt = L) all fit, and the
+// table is O(n), never (B, H, L, S).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace attnlab {
+
+// exp(x) = exp2(x * log2(e)): scores are kept in base 2 so the kernel can use Sleef's exp2, which
+// is as accurate (1 ulp) and cheaper than exp; the saved log-sum-exp is natural (lse2 * ln 2).
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2 = 0.6931471805599453;
+
+// Row states inside one (query tile x key chunk) block.
+enum RowKind : int8_t { kEmpty = 0, kRange = 1, kMasked = 2, kFull = 3 };
+
+// ---------------------------------------------------------------------------------------------
+// GEMM on tiles: row-major C (M x N, ldc) = alpha * op(A) op(B) + beta * C, with A, B in the input
+// type and C in the accumulation type (float for float and bfloat16, double for double). Resolved
+// at load time to the BLAS inside libtorch_cpu (MKL's sgemm_/dgemm_/cblas_gemm_bf16bf16f32) and
+// to a plain loop where a symbol is missing (gemm.cpp says which ran: blas_name()).
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const at::BFloat16* A,
+          int64_t lda, const at::BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+std::string blas_name();
+
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<at::BFloat16> { using type = float; };
+
+// ---------------------------------------------------------------------------------------------
+// Counter-based dropout: the same hash as attnlab.functional.dropout.keep_at, so the kernel keeps
+// exactly the entries the reference keeps for a seed, under any tiling, and the backward pass
+// regenerates the mask instead of storing it.
+struct Dropout {
+  double p = 0.0;
+  uint64_t seed = 0, threshold = 0;
+  double inv_keep = 1.0;
+  static uint64_t mix(uint64_t x) {
+    constexpr uint64_t M32 = 0xFFFFFFFFull, MUL = 0x45D9F3Bull;
+    x ^= x >> 16;
+    x = (x * MUL) & M32;
+    x ^= x >> 16;
+    x = (x * MUL) & M32;
+    return x ^ (x >> 16);
+  }
+  // keep(bh, i, j): bh = b * H + h, i the query row, j the key
+  uint64_t row_state(uint64_t bh, uint64_t i) const {
+    constexpr uint64_t M32 = 0xFFFFFFFFull;
+    uint64_t x = mix((bh + (seed & M32) * 0x9E37ull) & M32);
+    return mix((x ^ (i * 0x85EBull)) & M32);
+  }
+  bool keep(uint64_t row, uint64_t j) const {
+    return mix((row ^ (j * 0xC2B2AE3ull)) & 0xFFFFFFFFull) >= threshold;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Everything about one call that is not a per-thread buffer.
+template <typename acc_t>
+struct Problem {
+  int64_t B, H, Hkv, G, L, S, D, Dv;
+  int64_t BQ, BK;                          // query tile rows, key chunk columns
+  double scale, softcap;                   // softcap 0: none
+  // mask
+  const int64_t* spans = nullptr;          // (Bm, L, K, 2) contiguous
+  int64_t spans_sb = 0, K = 0;
+  const uint64_t* bits = nullptr;          // (Bb, Hb, L, W64) contiguous words
+  int64_t bits_sb = 0, bits_sh = 0, W64 = 0;
+  // bias: 0 none, 1 dense, 2 relative table
+  int bias_kind = 0;
+  const acc_t* bias = nullptr;
+  int64_t bsb = 0, bsh = 0, bsl = 0, bss = 0;     // dense strides; table: b, h, row strides
+  int64_t tW = 0, tc0 = 0;                        // table width and offset
+  Dropout drop;
+
+  int64_t n_qtiles() const { return (L + BQ - 1) / BQ; }
+
+  // The K intervals of query row i (clipped to [0, S)); without spans, one interval [0, S).
+  void row_intervals(int64_t b, int64_t i, const int64_t*& iv, int64_t& n) const {
+    if (spans == nullptr) { iv = nullptr; n = 1; return; }
+    iv = spans + b * spans_sb + i * K * 2;
+    n = K;
+  }
+
+  bool bit(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const uint64_t* row = bits + b * bits_sb + h * bits_sh + i * W64;
+    return (row[j >> 6] >> (j & 63)) & 1u;
+  }
+};
+
+// Per row of a (query tile x key chunk) block: its kind and the columns [a, e) (chunk-relative)
+// that hold all its allowed keys.
+struct RowPlan {
+  std::vector<int8_t> kind;
+  std::vector<int32_t> a, e;
+  explicit RowPlan(int64_t n = 0) : kind(n), a(n), e(n) {}
+};
+
+// Key range [lo, hi) that rows r0..r1 of (b) may attend (hi <= lo: nothing).
+template <typename acc_t>
+inline void tile_key_range(const Problem<acc_t>& pb, int64_t b, int64_t r0, int64_t r1, int64_t& lo, int64_t& hi) {
+  if (pb.spans == nullptr) { lo = 0; hi = pb.S; return; }
+  lo = pb.S; hi = 0;
+  for (int64_t i = r0; i < r1; ++i) {
+    const int64_t* iv = pb.spans + b * pb.spans_sb + i * pb.K * 2;
+    for (int64_t k = 0; k < pb.K; ++k) {
+      int64_t l = std::max<int64_t>(iv[2 * k], 0), h = std::min<int64_t>(iv[2 * k + 1], pb.S);
+      if (l < h) { lo = std::min(lo, l); hi = std::max(hi, h); }
+    }
+  }
+}
+
+// Classify the rows of one block; returns false when every row is EMPTY (skip the block) and sets
+// all_full when no row needs mask work.
+template <typename acc_t>
+inline bool plan_rows(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int64_t nr, int64_t c0,
+                      int64_t c1, RowPlan& rp, bool& all_full) {
+  const int64_t bm = pb.spans_sb ? b : 0;
+  bool any = false;
+  all_full = true;
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t i = r0 + r;
+    int64_t a = c1, e = c0, nk = 0;
+    bool full = false;
+    if (pb.spans == nullptr) {
+      a = c0; e = c1; nk = 1; full = true;
+    } else {
+      const int64_t* iv = pb.spans + bm * pb.spans_sb + i * pb.K * 2;
+      for (int64_t k = 0; k < pb.K; ++k) {
+        int64_t l = std::max(iv[2 * k], c0), hh = std::min(iv[2 * k + 1], c1);
+        if (l < hh) {
+          a = std::min(a, l); e = std::max(e, hh); ++nk;
+          if (l == c0 && hh == c1) full = true;
+        }
+      }
+    }
+    int8_t kind;
+    if (a >= e) kind = kEmpty;
+    else if (full) kind = kFull;
+    else if (nk == 1) kind = kRange;        // one interval: [a, e) is exact
+    else kind = kMasked;                    // several: test each key against the spans
+    if (kind != kEmpty && pb.bits != nullptr) {
+      // A dense mask refines the row: count its set bits in [a, e).
+      const int64_t bb = pb.bits_sb ? b : 0, hb = pb.bits_sh ? h : 0;
+      bool all = true, none = true;
+      for (int64_t j = a; j < e && (all || none); ++j) {
+        bool on = pb.bit(bb, hb, i, j);
+        all = all && on; none = none && !on;
+      }
+      if (none) kind = kEmpty;
+      else if (!all) kind = kMasked;
+    }
+    rp.kind[r] = kind;
+    rp.a[r] = static_cast<int32_t>(a - c0);
+    rp.e[r] = static_cast<int32_t>(e - c0);
+    any = any || kind != kEmpty;
+    all_full = all_full && kind == kFull;
+  }
+  return any;
+}
+
+// Is key j (absolute) allowed for row i? Used only on kMasked rows.
+template <typename acc_t>
+inline bool allowed(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (pb.spans != nullptr) {
+    const int64_t* iv = pb.spans + (pb.spans_sb ? b : 0) * pb.spans_sb + i * pb.K * 2;
+    bool in = false;
+    for (int64_t k = 0; k < pb.K && !in; ++k) in = iv[2 * k] <= j && j < iv[2 * k + 1];
+    if (!in) return false;
+  }
+  return pb.bits == nullptr || pb.bit(pb.bits_sb ? b : 0, pb.bits_sh ? h : 0, i, j);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logits of one row in base 2, in place over columns [a, e) of the chunk starting at key c0:
+//   s = scale * q.k  ->  softcap * tanh(s / softcap)  ->  + bias  ->  * log2(e)  ->  -inf if masked.
+// `raw` holds q.k times (scale * log2e when there is no softcap and no bias, else scale).
+// When `tanh_out` is given the softcap's tanh is kept there (the backward's derivative).
+template <typename acc_t>
+inline void row_logits(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i, int64_t c0, int8_t kind,
+                       int64_t a, int64_t e, acc_t* s, acc_t* tanh_out) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  const int64_t W = Vec::size();
+  const bool plain = pb.softcap == 0.0 && pb.bias_kind == 0;
+  if (!plain) {
+    if (pb.softcap != 0.0) {
+      const Vec inv(static_cast<acc_t>(1.0 / pb.softcap)), cap(static_cast<acc_t>(pb.softcap));
+      int64_t j = a;
+      for (; j + W <= e; j += W) {
+        Vec t = (Vec::loadu(s + j) * inv).tanh();
+        if (tanh_out) t.store(tanh_out + j);
+        (t * cap).store(s + j);
+      }
+      for (; j < e; ++j) {
+        acc_t t = std::tanh(s[j] / static_cast<acc_t>(pb.softcap));
+        if (tanh_out) tanh_out[j] = t;
+        s[j] = t * static_cast<acc_t>(pb.softcap);
+      }
+    }
+    if (pb.bias_kind == 1) {
+      const acc_t* row = pb.bias + b * pb.bsb + h * pb.bsh + i * pb.bsl;
+      if (pb.bss == 1) {
+        int64_t j = a;
+        for (; j + W <= e; j += W) (Vec::loadu(s + j) + Vec::loadu(row + c0 + j)).store(s + j);
+        for (; j < e; ++j) s[j] += row[c0 + j];
+      } else {
+        for (int64_t j = a; j < e; ++j) s[j] += row[(c0 + j) * pb.bss];
+      }
+    } else if (pb.bias_kind == 2) {
+      const acc_t* row = pb.bias + b * pb.bsb + h * pb.bsh + i * pb.bsl;
+      const int64_t first = c0 + a - i + pb.tc0, last = c0 + e - 1 - i + pb.tc0;   // table indices
+      if (first >= 0 && last < pb.tW) {
+        const acc_t* t = row + first;
+        int64_t j = a;
+        for (; j + W <= e; j += W) (Vec::loadu(s + j) + Vec::loadu(t + (j - a))).store(s + j);
+        for (; j < e; ++j) s[j] += t[j - a];
+      } else {
+        for (int64_t j = a; j < e; ++j) {
+          int64_t idx = std::min<int64_t>(std::max<int64_t>(c0 + j - i + pb.tc0, 0), pb.tW - 1);
+          s[j] += row[idx];
+        }
+      }
+    }
+    const Vec l2(static_cast<acc_t>(kLog2e));
+    int64_t j = a;
+    for (; j + W <= e; j += W) (Vec::loadu(s + j) * l2).store(s + j);
+    for (; j < e; ++j) s[j] *= static_cast<acc_t>(kLog2e);
+  }
+  if (kind == kMasked) {
+    const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+    for (int64_t j = a; j < e; ++j)
+      if (!allowed(pb, b, h, i, c0 + j)) s[j] = ninf;
+  }
+}
+
+// Horizontal max / sum of a vector (a NaN lane wins the max, so NaN inputs reach the output).
+template <typename T>
+inline T nan_max(T a, T b) { return (std::isnan(b) || b > a) ? b : a; }
+
+template <typename T>
+inline T hmax(const at::vec::Vectorized<T>& v) {
+  T buf[at::vec::Vectorized<T>::size()];
+  v.store(buf);
+  T m = buf[0];
+  for (int64_t i = 1; i < at::vec::Vectorized<T>::size(); ++i) m = nan_max(m, buf[i]);
+  return m;
+}
+
+template <typename T>
+inline T hsum(const at::vec::Vectorized<T>& v) {
+  T buf[at::vec::Vectorized<T>::size()];
+  v.store(buf);
+  T s = 0;
+  for (int64_t i = 0; i < at::vec::Vectorized<T>::size(); ++i) s += buf[i];
+  return s;
+}
+
+// alpha of the QK^T GEMM: the scale, with log2(e) folded in when nothing else touches the logits.
+template <typename acc_t>
+inline acc_t qk_alpha(const Problem<acc_t>& pb) {
+  const bool plain = pb.softcap == 0.0 && pb.bias_kind == 0;
+  return static_cast<acc_t>(plain ? pb.scale * kLog2e : pb.scale);
+}
+
+// Bias row pointer (dense: its (b, h, i) row; table: its (b, h, i) row), for the backward's gradient.
+template <typename acc_t>
+inline int64_t bias_row_offset(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i) {
+  return b * pb.bsb + h * pb.bsh + i * pb.bsl;
+}
+
+// Copy (and round) an accumulation-type buffer into the input type for the next GEMM.
+template <typename scalar_t, typename acc_t>
+inline const scalar_t* as_input(const acc_t* src, scalar_t* scratch, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return src;
+  } else {
+    at::vec::convert(src, scratch, n);
+    return scratch;
+  }
+}
+
+}  // namespace attnlab

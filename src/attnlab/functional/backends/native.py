@@ -1,0 +1,273 @@
+"""The native backend: attnlab's compiled CPU kernel (``src/attnlab/csrc``), exact, O(n) memory.
+
+The same algorithm as ``tiled`` (FlashAttention-2 forward with online softmax and per-row LSE,
+and its backward), written in C++ so that one call is one parallel region over (batch, head,
+query tile) with no Python in the loop: fused (query tile x key chunk) blocks whose scores stay in
+cache, BLAS on the tiles, vectorized exp2 (``at::vec``). Masks reach it as per-row key intervals
+(``Mask.row_spans``) -- each query tile visits only the keys its rows may attend, rows are skipped,
+full or masked one by one -- and, for masks with no interval form, as a bit-packed dense mask.
+Biases reach it as a tensor or as a small table (``StructuredBias.table``: ALiBi and T5 as one
+value per offset, Shaw's key term as 2k + 1 values per row), never (B, H, L, S).
+
+This file is the thin Python side: it prepares those arguments, registers the kernel as a
+``torch.library`` custom op (so ``torch.compile`` sees one opaque node and ``torch.func`` works),
+and wires its backward into autograd. ``tiled`` stays the readable explanation of the algorithm.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..bias import StructuredBias
+from ..masks import Mask, intersect_spans, parts
+from ..registry import register_backend
+from ..request import AttentionRequest, Bias
+from .reference import accum_dtype, dense_bias
+
+__all__ = ["native_attention", "native_forward", "info", "why_unavailable", "default_tiles"]
+
+try:
+    from ... import _native
+    _WHY_NOT: Optional[str] = None
+except ImportError as exc:                       # not built: every other backend still works
+    _native = None
+    _WHY_NOT = (f"the compiled kernel attnlab._native is not built ({exc}); build it with `make setup` "
+                f"(pip install --no-build-isolation -e .) on a machine with g++")
+
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def why_unavailable() -> Optional[str]:
+    """None when the kernel is built and importable, else why not and how to build it."""
+    return _WHY_NOT
+
+
+def info() -> str:
+    """Which kernel build runs here: vector capability and the GEMM used per dtype."""
+    if _native is None:
+        return f"native: unavailable: {_WHY_NOT}"
+    return f"native: at::vec {_native.capability()}; {_native.blas()}"
+
+
+def default_tiles(dtype: torch.dtype, mask: Optional[Mask], L: int, S: int) -> tuple[int, int]:
+    """(block_q, block_k): query tile rows and key chunk columns (docs/benchmarks.md, native tiles).
+
+    Short query tiles waste little at a band's slanted edges; the key chunk is wide so that one
+    GEMM covers a whole band, and the (block_q, block_k) fp32 score block stays in the L2 cache.
+    """
+    if mask is None:
+        return 64, 512
+    return 64, 512
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments: the mask as spans and bits, the bias as a tensor or a table.
+
+def mask_args(mask: Optional[Mask], L: int, S: int) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """(spans (Bm, L, K, 2) int64 or None, bits (Bb, Hb, L, ceil(S/64)) int64 or None).
+
+    The parts of an ``&`` combination that have an interval form become spans (intersected); the
+    rest is materialized once as a dense bool mask and bit-packed (1 bit per pair, read only on
+    rows the spans leave partial).
+    """
+    if mask is None:
+        return None, None
+    spans, rest = None, []
+    for part in parts(mask):
+        s = part.row_spans(L, S)
+        if s is None:
+            rest.append(part)
+        else:
+            spans = s if spans is None else intersect_spans(spans, s)
+    bits = None
+    if rest:
+        allowed = rest[0].dense(L, S)
+        for part in rest[1:]:
+            allowed = allowed & part.dense(L, S)
+        bits = pack_bits(allowed.expand(-1, -1, L, S))
+    if spans is not None:
+        spans = spans.contiguous()
+    return spans, bits
+
+
+def pack_bits(allowed: Tensor) -> Tensor:
+    """(Bb, Hb, L, S) bool -> (Bb, Hb, L, ceil(S / 64)) int64, bit j % 64 of word j // 64."""
+    S = allowed.shape[-1]
+    pad = (-S) % 64
+    x = torch.nn.functional.pad(allowed.cpu(), (0, pad)).unflatten(-1, (-1, 64)).long()   # (.., W, 64)
+    weights = torch.ones(64, dtype=torch.long).bitwise_left_shift(torch.arange(64))     # 2^k (bit 63 wraps)
+    return (x * weights).sum(-1).contiguous()     # distinct bits never carry, so the sum is an OR
+
+
+def bias_args(bias: Optional[Bias], q: Tensor, L: int, S: int) -> tuple[int, Optional[Tensor], int, int]:
+    """(kind, tensor, table width, table offset): kind 0 none, 1 a dense tensor, 2 a table."""
+    acc = accum_dtype(q.dtype)
+    if bias is None:
+        return 0, None, 0, 0
+    if isinstance(bias, Tensor):
+        return 1, bias.to(acc), 0, 0
+    form = bias.table(L, S)
+    if form is None:
+        raise ValueError(f"the native backend reads structured biases through a table "
+                         f"(StructuredBias.table); {bias!r} has none: use backend='tiled'")
+    table, c0 = form
+    table = table.to(acc)
+    if table.stride(-1) != 1:
+        table = table.contiguous()
+    return 2, table, table.shape[-1], c0
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom ops: the kernel as torch sees it.
+
+def _last_contiguous(t: Tensor) -> Tensor:
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.custom_op("attnlab::native_fwd", mutates_args=())
+def _fwd(q: Tensor, k: Tensor, v: Tensor, spans: Optional[Tensor], bits: Optional[Tensor], bias_kind: int,
+         bias: Optional[Tensor], tW: int, tc0: int, scale: float, softcap: float, dropout_p: float, seed: int,
+         block_q: int, block_k: int) -> tuple[Tensor, Tensor]:
+    out, lse = _native.forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
+                               block_q, block_k)
+    return out, lse
+
+
+@_fwd.register_fake
+def _(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, block_q, block_k):
+    B, H, L, _ = q.shape
+    return q.new_empty(B, H, L, v.shape[3]), q.new_empty(B, H, L, dtype=accum_dtype(q.dtype))
+
+
+@torch.library.custom_op("attnlab::native_bwd", mutates_args=())
+def _bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, spans: Optional[Tensor],
+         bits: Optional[Tensor], bias_kind: int, bias: Optional[Tensor], tW: int, tc0: int, scale: float,
+         softcap: float, dropout_p: float, seed: int, block_q: int, block_k: int,
+         want_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv, dbias = _native.backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale,
+                                         softcap, dropout_p, seed, block_q, block_k, want_dbias)
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=dq.dtype)
+
+
+@_bwd.register_fake
+def _(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
+      block_q, block_k, want_dbias):
+    B, H, L, D = q.shape
+    S, acc = k.shape[2], accum_dtype(q.dtype)
+    if want_dbias and bias_kind == 1:
+        db = q.new_empty(B, H, L, S, dtype=acc)
+    elif want_dbias and bias_kind == 2:
+        db = q.new_empty(B, H, bias.shape[2], tW, dtype=acc)
+    else:
+        db = q.new_empty(0, dtype=acc)
+    return (q.new_empty(B, H, L, D, dtype=acc), q.new_empty(B, H, S, D, dtype=acc),
+            q.new_empty(B, H, S, v.shape[3], dtype=acc), db)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, spans, bits, bias, out, lse)
+    ctx.args = (bias_kind, tW, tc0, scale, softcap, dropout_p, seed, bq, bk)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, spans, bits, bias, out, lse = ctx.saved_tensors
+    bias_kind, tW, tc0, scale, softcap, dropout_p, seed, bq, bk = ctx.args
+    acc = accum_dtype(q.dtype)
+    delta = (dout.to(acc) * out.to(acc)).sum(-1)                     # (B, H, L) rowsum(dO o O)
+    want_dbias = bias is not None and ctx.needs_input_grad[6]
+    dq, dk, dv, dbias = _bwd(q, k, v, _last_contiguous(dout), lse, delta.contiguous(), spans, bits, bias_kind,
+                             bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk, want_dbias)
+    B, Hkv = k.shape[:2]
+    H = q.shape[1]
+    if H != Hkv:                                                     # sum each GQA group onto its kv head
+        dk = dk.unflatten(1, (Hkv, H // Hkv)).sum(2)
+        dv = dv.unflatten(1, (Hkv, H // Hkv)).sum(2)
+    db = dbias.sum_to_size(bias.shape).to(bias.dtype) if want_dbias else None
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, db,
+            None, None, None, None, None, None, None, None)
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias: Optional[Bias] = None,
+                   scale: float, softcap: Optional[float] = None, dropout_p: float = 0.0,
+                   dropout_seed: Optional[int] = None, block_q: Optional[int] = None,
+                   block_k: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """(out (B, H, L, Dv), lse (B, H, L)): the kernel's output and natural log-sum-exp per row.
+
+    Rows with nothing to attend to give 0 and lse = -inf. Differentiable in q, k, v and the bias
+    (a tensor, or the parameters behind a structured bias's table). Ring attention merges blocks
+    with the lse.
+    """
+    L, S = q.shape[2], k.shape[2]
+    dq, dk = default_tiles(q.dtype, mask, L, S)
+    spans, bits = mask_args(mask, L, S)
+    kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
+    return _fwd(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), spans, bits, kind, bias_t, tW, tc0,
+                float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
+                int(block_q or dq), int(block_k or dk))
+
+
+def _unsupported(req: AttentionRequest) -> Optional[str]:
+    if _native is None:
+        return _WHY_NOT
+    if req.q.device.type != "cpu":
+        return f"it runs on the CPU, and q is on {req.q.device} (use 'tiled' or 'triton')"
+    if req.q.dtype not in _DTYPES:
+        return f"it takes float32, float64 and bfloat16, not {req.q.dtype} (use 'tiled')"
+    if isinstance(req.bias, StructuredBias):
+        L, S = req.q.shape[2], req.k.shape[2]
+        if req.bias.table(L, S) is None:
+            return (f"it reads structured biases through a table (StructuredBias.table: a function of j - i, "
+                    f"or Shaw's per-row offsets); {req.bias!r} has none (use 'tiled')")
+    return None
+
+
+@register_backend("native", unsupported=_unsupported, available=lambda: _native is not None,
+                  summary="compiled CPU kernel (C++, FlashAttention-2 fwd/bwd): one parallel region, skips "
+                          "masked rows and tiles, O(n) memory")
+def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias: Optional[Bias] = None,
+                     scale: float, softcap: Optional[float] = None, dropout_p: float = 0.0,
+                     dropout_seed: Optional[int] = None, return_weights: bool = False,
+                     block_q: Optional[int] = None, block_k: Optional[int] = None):
+    """Exact attention in the compiled kernel.
+
+    Args:
+        q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv), float32 / float64 / bfloat16 on the CPU.
+        mask, bias, scale, softcap, dropout_p, dropout_seed, return_weights: as for the reference backend.
+        block_q, block_k: tile sizes (defaults: ``default_tiles``).
+    Returns:
+        out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights, recomputed from the LSE.
+    Example:
+        q, k, v = (torch.randn(1, 8, 8192, 64) for _ in range(3))
+        out = native_attention(q, k, v, mask=masks.window(256, 0), scale=0.125)
+    """
+    out, lse = native_forward(q, k, v, mask=mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                              dropout_seed=dropout_seed, block_q=block_q, block_k=block_k)
+    if not return_weights:
+        return out
+    with torch.no_grad():
+        w = _weights(q, k, mask, bias, scale, softcap, lse)
+    return out, w
+
+
+def _weights(q, k, mask, bias, scale, softcap, lse) -> Tensor:
+    """(B, H, L, S) weights exp(logits - lse), normalized by the kernel's own LSE (0 on empty rows)."""
+    acc = accum_dtype(q.dtype)
+    H, Hkv, L, S = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    kk = k.to(acc).repeat_interleave(H // Hkv, dim=1)                 # (B, H, S, D)
+    s = (q.to(acc) @ kk.transpose(-2, -1)) * scale                    # (B, H, L, S)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    b = dense_bias(bias, L, S)
+    if b is not None:
+        s = s + b.to(acc)
+    if mask is not None:
+        s = s.masked_fill(~mask.dense(L, S).to(s.device), float("-inf"))
+    lse = torch.where(lse == float("-inf"), float("inf"), lse)         # empty rows: exp(-inf) = 0
+    return torch.exp(s - lse[..., None])
