@@ -117,3 +117,29 @@ def test_attention_config_validates_names_and_signs_at_construction(kwargs, matc
     from attnlab.nn import AttentionConfig
     with pytest.raises(ValueError, match=match):
         AttentionConfig(**{"d_model": 64, "n_heads": 4, **kwargs})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n", "-5"], "--n must be >= 1, got -5"),
+    (["--n", "1024", "0"], "--n must be >= 1, got 1024 0"),
+    (["--heads", "0"], "--heads must be >= 1"),
+    (["--lm", "--minilm", "--complexity"], "--minilm and --lm and --complexity are separate benchmarks"),
+    (["--memory-scaling", "--favor-accuracy"], "--favor-accuracy and --memory-scaling are separate benchmarks"),
+])
+def test_bench_refuses_bad_options_before_running(argv, message, capsys):
+    from attnlab.cli import main
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"attnlab: error: {message}" in err and "Traceback" not in err
+
+
+def test_ctrl_c_anywhere_in_the_cli_is_a_line_and_status_130(monkeypatch, capsys):
+    from attnlab import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_bench", interrupted)                  # the parser is built after this
+    assert cli.main(["bench", "--quick"]) == 130
+    err = capsys.readouterr().err
+    assert "attnlab: interrupted" in err and "Traceback" not in err
