@@ -183,3 +183,108 @@ def test_serve_refuses_a_busy_port_and_bad_caps(capsys):
         assert "in use" in capsys.readouterr().err
     assert _serve(["--max-chars", "0"]) == 2
     assert "--max-chars" in capsys.readouterr().err
+
+
+# -- issue #18: other sites cannot drive the lab; a burst cannot starve the cheap routes -----------------------
+@pytest.mark.parametrize("headers, status, match", [
+    ({"origin": "http://evil.example"}, 403, "cross-origin request refused"),
+    ({"origin": "null"}, 403, "cross-origin"),                               # sandboxed frames, file:// pages
+    ({"origin": "http://localhost:8000"}, 403, "cross-origin"),             # another name for us is another origin
+    ({"origin": "http://127.0.0.1:9999"}, 403, "cross-origin"),             # another local service's page
+    ({"sec-fetch-site": "cross-site"}, 403, "cross-site request refused"),
+    ({"content-type": "text/plain"}, 415, "Content-Type must be application/json, got 'text/plain'"),
+    ({"content-type": "application/x-www-form-urlencoded"}, 415, "application/json"),
+    ({"content-type": ""}, 415, "got 'none'"),
+])
+def test_foreign_origins_and_non_json_bodies_are_refused(client, headers, status, match):
+    body = b'{"text": "the dog bit the man", "model": "toy-encoder"}'
+    r = client.post("/api/attention", content=body, headers={"content-type": "application/json"} | headers)
+    assert r.status_code == status and re.search(match, r.json()["detail"]), (r.status_code, r.text)
+
+
+def test_own_origin_is_answered(client):
+    body = b'{"text": "the dog bit the man", "model": "toy-encoder"}'
+    r = client.post("/api/attention", content=body, headers={"content-type": "application/json; charset=utf-8",
+                                                             "origin": "http://127.0.0.1:8000",
+                                                             "sec-fetch-site": "same-origin"})
+    assert r.status_code == 200, r.text
+    assert client.get("/api/models", headers={"origin": "http://evil.example"}).status_code == 200   # reads: no state
+
+
+def test_the_kernel_that_ran_is_named(client):
+    auto = post(client).json()
+    assert auto["backend"] == "auto" and auto["kernel"] == "sdpa"          # no mask, no bias: SDPA's flash kernel
+    assert post(client, backend="tiled").json()["kernel"] == "tiled"
+
+
+def _serve_in_thread(app):
+    import threading
+    import time
+    import uvicorn
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start within 20 s"
+        time.sleep(0.05)
+    return srv, thread, f"http://127.0.0.1:{port}"
+
+
+def test_a_burst_gets_429s_while_the_model_list_stays_fast(monkeypatch):
+    """12 concurrent POSTs against a cap of 3, each computation holding the model lock for 0.6 s (as a
+    MiniLM forward on a loaded machine does): the excess is refused with Retry-After, and /api/models,
+    asked during the burst, answers within 1 s. Loopback only; every loop and request is bounded."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("uvicorn")
+    from attnlab.lab import inspect
+    from attnlab.web import app as app_mod
+    real = app_mod.attention_maps
+
+    def slow(*args, **kwargs):
+        with inspect._LOCK:                                                 # what serialises real computations
+            time.sleep(0.6)
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr(app_mod, "attention_maps", slow)
+    srv, thread, base = _serve_in_thread(create_app(max_computing=3))
+    body = json.dumps({"text": TEXT, "model": "toy-encoder"}).encode()
+
+    def one(_):
+        req = urllib.request.Request(base + "/api/attention", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, None
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Retry-After")
+
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            burst = [pool.submit(one, i) for i in range(12)]
+            time.sleep(0.3)                                                  # the burst is in flight
+            t0 = time.monotonic()
+            with urllib.request.urlopen(base + "/api/models", timeout=10) as r:
+                listed = json.loads(r.read())
+            models_s = time.monotonic() - t0
+            results = [f.result(timeout=60) for f in burst]
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+    codes = [c for c, _ in results]
+    assert models_s < 1.0 and any(m["name"] == "toy-encoder" for m in listed["models"]), models_s
+    assert 1 <= codes.count(200) <= 3 + 1 and codes.count(429) >= 12 - 4, codes   # at most the cap at once
+    assert set(codes) <= {200, 429} and all(ra == "2" for c, ra in results if c == 429)
+
+
+def test_create_app_caps_computations_sensibly():
+    with pytest.raises(ValueError, match="max_computing"):
+        create_app(max_computing=0)
