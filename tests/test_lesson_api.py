@@ -1,5 +1,6 @@
-"""The lesson's routes (attnlab.web.lesson): the page and its files with their MIME types and CSP, where the Pyodide
-files are found and the message when they are not, and the read-along endpoint (fixed programs only; unknown → 404)."""
+"""The lesson's routes (attnlab.web.lesson): the page and its files with their MIME types and CSP, where the
+Pyodide files are found and the message when they are not, and the read-along endpoint (fixed programs only;
+unknown names → 404)."""
 from __future__ import annotations
 
 import json

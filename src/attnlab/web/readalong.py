@@ -135,8 +135,9 @@ def run_program(name: str) -> dict:
     """Run the named program's cells in order in one fresh namespace; raises KeyError for an unknown name.
 
     Returns {name, title, cells: [{title, code, output}], agreement: {label: float}, tolerance, agree
-    (None for a program without an ``agreement`` dict), seconds}. ``print`` inside the cells writes to the cell's output (not the server's stdout), and the
-    global torch RNG is restored afterwards, so a run leaves the server as it found it.
+    (None for a program without an ``agreement`` dict), seconds}. ``print`` inside the cells writes to
+    the cell's output (not the server's stdout), and the global torch RNG is restored afterwards, so a
+    run leaves the server as it found it.
     """
     program = PROGRAMS[name]
     start = time.perf_counter()
