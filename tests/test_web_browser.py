@@ -147,3 +147,74 @@ def test_screenshot(page):
     out.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(out), full_page=True)
     assert out.stat().st_size > 10_000
+
+
+# -- issue #18: the colour scale, the kernel that ran, a phone-width window, a pinned row, positions side by side --
+def test_legend_discloses_the_sqrt_colour_scale(page):
+    _show(page, "the dog bit the man")
+    page.wait_for_selector("#heatmap[data-cells='25']")
+    assert page.locator("#legend rect.swatch").count() >= 20
+    assert page.locator("#legend text.tick").all_text_contents() == ["0", "0.01", "0.1", "0.25", "0.5", "1"]
+    assert "√weight" in page.text_content("#legend")
+    # the legend's colours are the heatmap's: weight 1 at the right end is the darkest cell colour there is
+    last = page.get_attribute("#legend rect.swatch >> nth=-1", "fill")
+    first = page.get_attribute("#legend rect.swatch >> nth=0", "fill")
+    assert last != first and last.startswith("rgb(") and first.startswith("rgb(")
+
+
+def test_status_names_the_kernel_that_ran(page):
+    _show(page, "the man bit the dog")
+    page.wait_for_selector("#heatmap[data-cells='25']")
+    page.select_option("#backend", "auto")
+    page.wait_for_selector("#status:has-text('kernel sdpa')")              # no mask, no bias: SDPA's flash kernel
+    assert "backend: auto → sdpa" in page.text_content("#agreement")
+    page.select_option("#backend", "tiled")
+    page.wait_for_selector("#status:has-text('kernel tiled')")
+    page.select_option("#backend", "auto")
+    page.wait_for_selector("#status:has-text('kernel sdpa')")
+
+
+def test_click_a_token_to_highlight_its_row(page):
+    _show(page, "the dog bit the man")
+    page.wait_for_selector("#heatmap[data-cells='25']")
+    page.click("#heatmap text.qlabel >> nth=2")                            # "bit"
+    page.wait_for_selector("#heatmap text.qlabel.pinned")
+    assert page.locator("#heatmap rect.cell.dim").count() == 20          # every row but "bit"'s dims
+    assert page.locator("#heatmap rect.cell[data-q='2']:not(.dim)").count() == 5
+    page.click("#heatmap text.qlabel >> nth=2")                            # a second click unpins
+    page.wait_for_selector("#heatmap text.qlabel.pinned", state="detached")
+    assert page.locator("#heatmap rect.cell.dim").count() == 0
+
+
+def test_positions_on_and_off_side_by_side(page):
+    _show(page, "the dog bit the man")
+    page.wait_for_selector("#heatmap[data-cells='25']")
+    page.check("#compare")
+    page.wait_for_selector("#heatmap-off[data-cells='25']")
+    assert page.is_visible("#compare-figure")
+    on = page.get_attribute("#heatmap rect.cell >> nth=1", "fill")
+    assert on != page.get_attribute("#heatmap-off rect.cell >> nth=1", "fill")   # the toy encoder uses positions
+    page.uncheck("#compare")
+    page.wait_for_selector("#compare-figure", state="hidden")
+
+
+def test_narrow_window_does_not_overflow(page, server):
+    """At 420 px (a phone) the page never scrolls sideways: the heatmap scales down inside its figure."""
+    pg = page.context.browser.new_page(viewport={"width": 420, "height": 900})
+    try:
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(server + "/")
+        pg.wait_for_selector("body[data-ready='1']")
+        _show(pg, "The award, which was given for lifetime achievement, sat proudly on the shelf")
+        pg.wait_for_selector("#heatmap[data-cells='225']")                  # 15 word tokens
+        page_width = pg.evaluate("document.documentElement.scrollWidth")
+        assert page_width <= 420, page_width
+        for sel in ("#heatmap", "#legend", "#headview", "#controls"):
+            box = pg.locator(sel).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 420 + 0.5, (sel, box)
+        shot = os.environ.get("ATTNLAB_WEB_SCREENSHOT")
+        if shot:
+            out = Path(shot).with_name(Path(shot).stem + "-narrow.png")
+            pg.screenshot(path=str(out), full_page=True)
+    finally:
+        pg.close()

@@ -6,6 +6,8 @@ const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 let models = [];          // from /api/models
 let last = null;          // the last /api/attention answer
+let lastOff = null;       // the same request with positions off (the "beside it" comparison), or null
+let pinned = null;        // the query row picked by a click on its token, or null
 let timer = null;
 
 function svgEl(tag, attrs, text) {
@@ -15,12 +17,31 @@ function svgEl(tag, attrs, text) {
   return el;
 }
 
-// white -> deep blue, perceptually even enough for probabilities in [0, 1]
+// white -> deep blue, perceptually even enough for probabilities in [0, 1]; the legend shows the scale
 function color(w) {
   const t = Math.sqrt(Math.max(0, Math.min(1, w)));       // sqrt: small weights stay visible
   const a = [247, 251, 255], b = [8, 48, 107];
   const c = a.map((x, i) => Math.round(x + (b[i] - x) * t));
   return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// The colour bar under the heatmap: position is sqrt(weight), as in color(), with ticks at round weights.
+function drawLegend() {
+  const svg = $("legend");
+  const W = 270, x0 = 12, bar = 12;
+  svg.replaceChildren();
+  setSize(svg, W + 2 * x0, 50);
+  for (let i = 0; i < 60; i++) {
+    const t = (i + 0.5) / 60;                              // sqrt(weight) at this slice
+    svg.appendChild(svgEl("rect", {x: x0 + i * W / 60, y: 4, width: W / 60 + 0.5, height: bar, fill: color(t * t),
+      class: "swatch"}));
+  }
+  for (const w of [0, 0.01, 0.1, 0.25, 0.5, 1]) {
+    const x = x0 + Math.sqrt(w) * W;
+    svg.appendChild(svgEl("line", {x1: x, x2: x, y1: 4 + bar, y2: 8 + bar, stroke: "#5b6675"}));
+    svg.appendChild(svgEl("text", {x: x, y: 19 + bar, "text-anchor": "middle", class: "tick"}, String(w)));
+  }
+  svg.appendChild(svgEl("text", {x: x0 - 8, y: 46, class: "caption"}, "colour ∝ √weight (faint ones stay visible)"));
 }
 
 function showError(message) {
@@ -78,18 +99,34 @@ function request() {
   };
 }
 
+async function ask(body) {
+  const r = await fetch("/api/attention", {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+  });
+  return [r, await r.json()];
+}
+
 async function run() {
   const body = request();
   $("status").textContent = "Computing…";
   let r, data;
   try {
-    r = await fetch("/api/attention", {
-      method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
-    });
-    data = await r.json();
+    [r, data] = await ask(body);
+    lastOff = null;
+    if (r.ok && $("compare").checked && body.positional) {
+      const [r2, off] = await ask({...body, positional: false});
+      if (r2.ok) lastOff = off;
+    }
   } catch (e) {
     showError("The lab server did not answer: " + e);
     $("status").textContent = "";
+    return;
+  }
+  if (r.status === 429) {                                  // the server is busy: wait as it asks, then retry
+    const wait = parseFloat(r.headers.get("Retry-After") || "2");
+    $("status").textContent = `Busy (other computations running): retrying in ${wait} s…`;
+    clearTimeout(timer);
+    timer = setTimeout(run, 1000 * wait);
     return;
   }
   if (!r.ok) {
@@ -99,6 +136,7 @@ async function run() {
     return;
   }
   clearError();
+  if (!last || last.tokens.join("\u0000") !== data.tokens.join("\u0000")) pinned = null;   // new text: no pin
   last = data;
   const m = currentModel();
   if (m && (m.layers !== data.n_layers || m.heads !== data.n_heads)) {
@@ -113,30 +151,43 @@ function draw() {
   if (!last) return;
   const h = Math.min(parseInt($("head").value || "0", 10), last.weights.length - 1);
   const w = last.weights[h];
-  drawHeatmap(last.tokens, w);
+  drawHeatmap($("heatmap"), last.tokens, w);
+  $("compare-figure").hidden = !lastOff;
+  if (lastOff) drawHeatmap($("heatmap-off"), lastOff.tokens, lastOff.weights[h]);
   drawHeadView(last.tokens, w);
   drawHeadGrid(last, h);
+  showPinned();
   const L = last.tokens.length;
+  const via = last.backend === last.kernel ? last.kernel : `${last.backend} → ${last.kernel}`;
   $("status").textContent = `${last.model} · layer ${last.layer} · head ${last.heads[h]} · ${L} tokens`
-    + (last.positional ? "" : " · positions off") + ` · scale ×${last.scale_factor.toFixed(3).replace(/\.?0+$/, "")}`;
+    + (last.positional ? "" : " · positions off") + ` · scale ×${last.scale_factor.toFixed(3).replace(/\.?0+$/, "")}`
+    + ` · kernel ${last.kernel}`;
   $("agreement").textContent = last.agreement === null
     ? "backend: reference (the baseline)"
-    : `backend: ${last.backend}${last.exact ? "" : " (approximate)"} · max |Δ| vs reference = ${last.agreement.toExponential(2)}`;
+    : `backend: ${via}${last.exact ? "" : " (approximate)"} · max |Δ| vs reference = ${last.agreement.toExponential(2)}`;
   $("entropy").textContent = `entropy ${last.entropy[h].toFixed(3)} of max ${last.max_entropy.toFixed(3)} nats`;
 }
 
-function drawHeatmap(tokens, w) {
+// Size an SVG to its drawing, with a viewBox so that CSS (svg.fit) can scale it down on a narrow screen.
+function setSize(svg, width, height) {
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+}
+
+function drawHeatmap(svg, tokens, w) {
   const L = tokens.length;
   const cell = Math.max(6, Math.min(28, Math.floor(520 / L)));
   const pad = 10 + 8 * Math.min(16, Math.max(...tokens.map((t) => t.length)));
-  const svg = $("heatmap");
   svg.replaceChildren();
-  svg.setAttribute("width", pad + L * cell + 4);
-  svg.setAttribute("height", pad + L * cell + 4);
+  setSize(svg, pad + L * cell + 4, pad + L * cell + 4);
   const font = Math.min(13, cell - 1);
   tokens.forEach((t, i) => {
     const label = t.length > 16 ? t.slice(0, 15) + "…" : t;
-    svg.appendChild(svgEl("text", {x: pad - 4, y: pad + i * cell + cell / 2, class: "qlabel", "font-size": font}, label));
+    const q = svgEl("text", {x: pad - 4, y: pad + i * cell + cell / 2, class: "qlabel", "font-size": font,
+      "data-q": i}, label);
+    q.addEventListener("click", () => { pinned = pinned === i ? null : i; showPinned(); });
+    svg.appendChild(q);
     const x = pad + i * cell + cell / 2;
     svg.appendChild(svgEl("text", {x: x, y: pad - 4, class: "klabel", "font-size": font,
       transform: `rotate(-60 ${x} ${pad - 4})`}, label));
@@ -153,6 +204,19 @@ function drawHeatmap(tokens, w) {
   svg.appendChild(g);
   svg.dataset.cells = String(L * L);
   svg.dataset.tokens = String(L);
+  showPinned();
+}
+
+// The clicked query's row stands out in every heatmap (the others dim), and in the head view.
+function showPinned() {
+  if (pinned !== null && last && pinned >= last.tokens.length) pinned = null;
+  for (const svg of [$("heatmap"), $("heatmap-off")]) {
+    svg.querySelectorAll("rect.cell").forEach((r) => {
+      r.classList.toggle("dim", pinned !== null && r.dataset.q !== String(pinned));
+    });
+    svg.querySelectorAll("text.qlabel").forEach((t) => t.classList.toggle("pinned", t.dataset.q === String(pinned)));
+  }
+  focusQuery($("headview"), pinned);
 }
 
 function drawHeadView(tokens, w) {
@@ -160,8 +224,7 @@ function drawHeadView(tokens, w) {
   const row = 20, colW = 130, gap = 150;
   const svg = $("headview");
   svg.replaceChildren();
-  svg.setAttribute("width", colW * 2 + gap);
-  svg.setAttribute("height", L * row + 10);
+  setSize(svg, colW * 2 + gap, L * row + 10);
   const lines = svgEl("g", {class: "lines"});
   for (let i = 0; i < L; i++) {
     for (let j = 0; j < L; j++) {
@@ -175,7 +238,8 @@ function drawHeadView(tokens, w) {
     const y = i * row + row / 2 + 9;
     const left = svgEl("text", {x: colW - 6, y: y, class: "qtok", "data-q": i}, t);
     left.addEventListener("mouseenter", () => focusQuery(svg, i));
-    left.addEventListener("mouseleave", () => focusQuery(svg, null));
+    left.addEventListener("mouseleave", () => focusQuery(svg, pinned));
+    left.addEventListener("click", () => { pinned = pinned === i ? null : i; showPinned(); });
     svg.appendChild(left);
     svg.appendChild(svgEl("text", {x: colW + gap + 6, y: y, class: "ktok"}, t));
   });
@@ -221,7 +285,8 @@ function soon() {                                          // re-run shortly aft
 document.addEventListener("DOMContentLoaded", async () => {
   $("controls").addEventListener("submit", (e) => { e.preventDefault(); run(); });
   $("head").addEventListener("change", draw);
-  for (const id of ["layer", "backend", "positional"]) $(id).addEventListener("change", soon);
+  for (const id of ["layer", "backend", "positional", "compare"]) $(id).addEventListener("change", soon);
+  drawLegend();
   $("model").addEventListener("change", () => {
     const m = currentModel();
     $("model").title = m ? m.description : "";
