@@ -363,6 +363,16 @@ def test_cu_seq_lens_pack_documents_and_position_bias_adds():
                              cu_seq_lens_k=cu)
 
 
+def test_dropout_reaches_attention_and_follows_the_seed():
+    q, k, v = _qkv()
+    plain, _ = hf.attention_forward(_Layer(), q, k, v, HFMask(masks.causal()))
+    torch.manual_seed(1)
+    a, _ = hf.attention_forward(_Layer(), q, k, v, HFMask(masks.causal()), dropout=0.5)
+    torch.manual_seed(1)
+    b, _ = hf.attention_forward(_Layer(), q, k, v, HFMask(masks.causal()), dropout=0.5)
+    assert torch.equal(a, b) and not torch.allclose(a, plain)
+
+
 def test_register_is_idempotent_and_checks_its_arguments():
     assert hf.register() == hf.register() == "attnlab"
     from transformers import AttentionInterface
