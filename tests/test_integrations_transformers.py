@@ -373,6 +373,13 @@ def test_dropout_reaches_attention_and_follows_the_seed():
     assert torch.equal(a, b) and not torch.allclose(a, plain)
 
 
+def test_importing_the_integration_does_not_import_transformers():
+    import subprocess
+    import sys
+    code = "import sys, attnlab.integrations.transformers; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_register_is_idempotent_and_checks_its_arguments():
     assert hf.register() == hf.register() == "attnlab"
     from transformers import AttentionInterface
