@@ -86,7 +86,16 @@ def test_task_trains_saves_and_loads(tmp_path, data):
         assert isinstance(model, CodeLSTM) == (arch == "lstm")
         assert set(again.evaluate(model, batches=1, batch_size=2)) >= {"val_loss", "val_nats_per_char"}
     gpt, tok = load_gpt(tmp_path / "gpt")                      # `attnlab generate` reads it like any GPT
-    assert gpt.cfg.block_size == 128 and tok.vocab_size == 300
+    assert gpt.cfg.block_size == 256 and tok.vocab_size == 300
+    from attnlab.lab.code_pictures import show_code
+    code = "def f(a):\n    return (a[0])\n\n\ny = f([1])\n"
+    paths = show_code(tmp_path / "gpt", code, out=str(tmp_path / "show"), windows=2)
+    assert [p.name.split("-L")[0] for p in paths] == ["code-brackets", "code-def-use"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    with pytest.raises(ValueError, match="LSTM baseline"):
+        show_code(tmp_path / "lstm", out=str(tmp_path / "show"))
+    with pytest.raises(ValueError, match="no bracket pairs"):
+        show_code(tmp_path / "gpt", "x = 1\n", out=str(tmp_path / "show"), windows=1)
 
 
 def test_bad_options_are_clear_errors():

@@ -16,7 +16,7 @@ generates syntactically correct code completions"), measured on held-out stdlib 
   tokens many lines back, against its weight at the same distance from every other position.
 
 Models (``code_train.code_models``): full run: GPT preset ``code`` (4 layers, d = 128, context 256)
-and its LSTM, 6 CPU-minutes each; ``--quick``: preset ``code-small`` on 1.5 MB of source, 40
+and its LSTM, 6 CPU-minutes each; ``--quick``: preset ``code-small`` (2 layers, d = 64) on 1.5 MB, 120
 CPU-seconds each — both trained by the claim unless a finished pair with the same configuration
 is in the verify work directory (then reused, and the claim says so).
 """
@@ -57,7 +57,7 @@ class CodeClaimConfig:
 CODE_FULL = CodeClaimConfig(CodeTrainConfig("code", 5_000_000, 1024, 360.0), prompts=60, max_new_tokens=128,
                             windows=200, min_syntax_rate=0.25, nested_accuracy=0.5, weight_ratio=2.0,
                             min_bin_pairs=20, defuse_ratio=3.0, defuse_beats=0.75)
-CODE_QUICK = CodeClaimConfig(CodeTrainConfig("code-small", 1_500_000, 512, 40.0), prompts=30, max_new_tokens=96,
+CODE_QUICK = CodeClaimConfig(CodeTrainConfig("code-small", 1_500_000, 512, 120.0), prompts=30, max_new_tokens=96,
                              windows=60, min_syntax_rate=0.1, nested_accuracy=0.3, weight_ratio=1.5,
                              min_bin_pairs=20, defuse_ratio=2.0, defuse_beats=0.6)
 

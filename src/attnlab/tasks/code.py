@@ -44,10 +44,10 @@ HELD_OUT_EVERY = 10                  # file i (sorted) is held out when i % 10 =
 _SEP = "\n\n"
 
 # Model sizes. "code": the `attnlab train code` default (0.9M-parameter GPT, 256-token context);
-# "code-small": the quick verify model (trained in seconds).
+# "code-small": the quick verify model (2 CPU-minutes of training).
 CODE_PRESETS: dict[str, dict] = {
     "code": dict(n_layer=4, n_head=4, d_model=128, block_size=256),
-    "code-small": dict(n_layer=2, n_head=4, d_model=64, block_size=128),
+    "code-small": dict(n_layer=2, n_head=4, d_model=64, block_size=256),
 }
 _TRAIN_DEFAULTS = dict(steps=None, time_limit_min=9.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=100,
                        eval_interval=250, eval_iters=10, checkpoint_interval=500)
@@ -144,7 +144,7 @@ class CodeTask:
         if data.tokenizer.vocab_size != model_config.vocab_size:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
         self.config, self.data = model_config, data
-        self.block_size = getattr(model_config, "block_size", block_size)
+        self.block_size = model_config.block_size if isinstance(model_config, GPTConfig) else block_size
         short = min(len(data.train_ids), len(data.val_ids))
         if short < self.block_size + 1:
             raise ValueError(f"--corpus-bytes {data.info['max_bytes']} gives {len(data.train_ids)} training and "

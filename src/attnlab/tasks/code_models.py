@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..models.sampling import sample_next
 
-__all__ = ["CodeLSTMConfig", "CodeLSTM", "matched_lstm_config", "BigramLM"]
+__all__ = ["CodeLSTMConfig", "CodeLSTM", "matched_lstm_config", "BigramLM", "load_language_model"]
 
 
 @dataclass
@@ -44,6 +44,11 @@ class CodeLSTMConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def block_size(self) -> int:
+        """No context limit: the state carries everything (``attnlab generate`` crops prompts to this)."""
+        return 1 << 30
 
 
 def _lstm_params(vocab: int, d_embed: int, hidden: int, n_layer: int) -> int:
@@ -129,3 +134,15 @@ class BigramLM(_Sampling):
 
     def forward(self, idx: Tensor) -> Tensor:
         return self.log_probs[idx]
+
+
+def load_language_model(path):
+    """(model in eval mode, tokenizer) of a checkpoint: a GPT (any task), or a ``train code --arch lstm`` LSTM."""
+    from ..data.tokenization import tokenizer_from_json
+    from ..train.checkpoint import load_checkpoint, load_gpt
+    ckpt = load_checkpoint(path)
+    if ckpt.model_config.get("arch") != "lstm":
+        return load_gpt(path)
+    model = CodeLSTM(CodeLSTMConfig(**ckpt.model_config))
+    model.load_state_dict(ckpt.model_state)
+    return model.eval(), tokenizer_from_json(ckpt.tokenizer_json)
