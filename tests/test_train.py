@@ -234,3 +234,45 @@ def test_bf16_autocast_trains(data, tmp_path):
     assert tr.bf16 and all(torch.isfinite(torch.tensor(losses)))
     with pytest.raises(ValueError, match="bf16 must be one of"):
         TrainConfig(bf16="maybe")
+
+
+def test_resume_writes_where_the_checkpoint_lies_not_where_it_was_saved(data, tmp_path):
+    tiny_trainer(data, tmp_path / "a", checkpoint_interval=2).train(max_steps=4, plot=False)
+    shutil.move(tmp_path / "a", tmp_path / "moved")                    # stored out_dir now names nothing
+    tr = Trainer.from_checkpoint(*_resumable(tmp_path / "moved"), progress=False)
+    assert tr.out == tmp_path / "moved"
+    tr.train(plot=False)
+    assert [p.name for p in list_checkpoints(tmp_path / "moved")] == ["step-000004", "step-000006"]
+    assert not (tmp_path / "a").exists()
+    # a branch into a directory that holds another run's checkpoints would prune them: refused
+    tiny_trainer(data, tmp_path / "other").train(max_steps=1, plot=False)
+    with pytest.raises(ValueError, match="already holds checkpoints of another run"):
+        Trainer.from_checkpoint(*_resumable(tmp_path / "moved"), progress=False, out_dir=str(tmp_path / "other"))
+    assert [p.name for p in list_checkpoints(tmp_path / "other")] == ["step-000001"]
+
+
+def test_ctrl_c_is_reported_to_the_caller(data, tmp_path, monkeypatch):
+    tr = tiny_trainer(data, tmp_path)
+    real_step = tr._train_step
+
+    def step_then_interrupt():
+        loss = real_step()
+        os.kill(os.getpid(), signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(tr, "_train_step", step_then_interrupt)
+    tr.train(plot=False)
+    assert tr.interrupted and tr.step == 1                            # the CLI turns this into exit status 130
+    again = tiny_trainer(data, tmp_path / "b")
+    again.train(max_steps=1, plot=False)
+    assert not again.interrupted
+
+
+def test_weights_only_loading(data, tmp_path):
+    tiny_trainer(data, tmp_path).train(max_steps=1, plot=False)
+    (list_checkpoints(tmp_path)[-1] / "train_state.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="train_state.safetensors is missing"):
+        load_checkpoint(tmp_path)
+    ckpt = load_checkpoint(tmp_path, train_state=False)
+    assert ckpt.optimizer_state is None and ckpt.rng == {} and "lm_head.weight" in ckpt.model_state
+    load_gpt(tmp_path)                                                # generation needs nothing more
