@@ -63,8 +63,12 @@ def show_evoformer(args: argparse.Namespace, model, task, stem: str) -> list[Pat
     cfg = model.cfg
     what = f"{task.data.coupling} contacts" + (f", without {', '.join(cfg.ablate)}" if cfg.ablate else "")
     out, written = Path(args.out), []
+    prob.fill_diagonal_(0.0)                                                    # a column is not its own contact
     fig = plot_head(prob.numpy(), labels, labels, vmin=0.0, vmax=1.0, mark=truth,
-                    title=f"{cfg.kind} model, {what}: P(contact), true contacts outlined (sample {i})")
+                    title=f"{cfg.kind} model, {what}\nP(contact), true contacts outlined (sample {i})")
+    fig.axes[0].set_xlabel("column j", fontsize=8)
+    fig.axes[0].set_ylabel("column i", fontsize=8)
+    fig.axes[1].set_ylabel("P(contact)")
     written.append(save(fig, _file(out, stem, f"sample{i}-contacts", args.format)))
     if cfg.kind != "axial" or "row-attention" in cfg.ablate:
         return written                                                          # no row attention to draw
