@@ -20,11 +20,10 @@ the sample is cut where the function ends (``cut_body``) and judged by ``body_pa
 Example::
 
     stats = attention_stats(gpt, tokenizer, files, block_size=256)
-    stats["brackets"][layer][head]["hit"]           # list of 0/1, one per bracket pair
+    stats["hit"][layer, head]                       # (pairs,): 1.0 where the strongest weight is on the match
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Optional
 
 import numpy as np
@@ -33,7 +32,7 @@ import torch
 from ..data.code_analysis import (bracket_pairs, body_parses, cut_body, def_use_pairs, function_prompts)
 from ..tasks.code import encode_with_offsets
 
-__all__ = ["DISTANCE_BINS", "distance_bin", "file_windows", "attention_stats", "head_summary", "pick_prompts",
+__all__ = ["DISTANCE_BINS", "distance_bin", "file_windows", "attention_weights", "attention_stats", "head_summary", "pick_prompts",
            "syntax_samples"]
 
 DISTANCE_BINS = [(1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 1 << 30)]
@@ -88,79 +87,81 @@ def file_windows(tokenizer, files, block_size: int, max_windows: Optional[int] =
 
 
 @torch.no_grad()
-def _weights(model, windows: list[dict], batch: int = 8):
-    """Yield (window, weights (layers, H, L, L) as numpy) for each window (reference backend: exact weights)."""
+def attention_weights(model, ids: list) -> np.ndarray:
+    """Every head's weights for a batch of equal-length token lists, from the reference backend (exact):
+    (B, layers, H, L, L)."""
     model.eval()
     backend = model.cfg.backend
     model.with_backend("reference")
     try:
-        for i in range(0, len(windows), batch):
-            chunk = windows[i:i + batch]
-            capture: list = []
-            model(torch.tensor([w["ids"] for w in chunk]), capture=capture)
-            w = torch.stack([c.weights for c in capture], 1).float().numpy()   # (B, layers, H, L, L)
-            yield from zip(chunk, w)
+        capture: list = []
+        model(torch.tensor(ids), capture=capture)
     finally:
         model.with_backend(backend)
+    return torch.stack([c.weights for c in capture], 1).float().numpy()
+
+
+def _weights(model, windows: list[dict], batch: int = 8):
+    """Yield (window, weights (layers, H, L, L)) for each window."""
+    for i in range(0, len(windows), batch):
+        chunk = windows[i:i + batch]
+        yield from zip(chunk, attention_weights(model, [w["ids"] for w in chunk]))
+
+
+def _cat(parts: list, shape: tuple) -> np.ndarray:
+    return np.concatenate(parts, axis=-1) if parts else np.zeros(shape + (0,))
 
 
 def attention_stats(model, tokenizer, files, block_size: int, max_windows: Optional[int] = None) -> dict:
-    """Per layer and head, the bracket and def → use measurements over ``files`` (see the module doc).
+    """Every head's bracket and def → use measurements over ``files`` (see the module doc), all heads at once.
 
-    Returns {"brackets": [[{hit, w, d, nested} lists per head] per layer], "bracket_controls":
-    [[{distance: [weights]}]], "nearest_hit": [...], "defuse": [[{w, control, d, hit, kind}]],
-    "windows": n}.
+    Returns arrays over (layers, H, pairs): "hit", "w" (brackets), "du_w", "du_control", "du_hit"
+    (def → use); per pair: "pair_d", "pair_nested", "nearest_hit", "du_d", "du_kind"; same-distance
+    controls as {distance: (sum of weights (layers, H), count)} in "ctrl"; and "windows".
     """
     windows = file_windows(tokenizer, files, block_size, max_windows)
-    n_layer, n_head = len(model.blocks), model.cfg.n_head
-    grid = lambda make: [[make() for _ in range(n_head)] for _ in range(n_layer)]  # noqa: E731
-    br = grid(lambda: defaultdict(list))
-    ctrl = grid(lambda: defaultdict(list))
-    du = grid(lambda: defaultdict(list))
-    nearest_hit, pair_d, pair_nested = [], [], []
-    for win, W in _weights(model, windows):
-        match = {c: o for o, c, _ in win["brackets"]}
-        for o, c, nested in win["brackets"]:
-            nearest_hit.append(int(win["nearest"][c] == o))
-            pair_d.append(c - o)
-            pair_nested.append(bool(nested))
-        closes = sorted(match)
-        for l in range(n_layer):
-            for h in range(n_head):
-                A = W[l, h]                                                   # (L, L), row = query
-                s = br[l][h]
-                for o, c, _ in win["brackets"]:
-                    s["hit"].append(int(A[c, :c + 1].argmax() == o))
-                    s["w"].append(float(A[c, o]))
-                for c in closes:                                             # same-distance controls
-                    for o2 in win["opens"]:
-                        if o2 < c and o2 != match[c]:
-                            ctrl[l][h][c - o2].append(float(A[c, o2]))
-                d = du[l][h]
-                for first, last, q, kind in win["defuse"]:
-                    span = np.arange(q - last, q - first + 1)                 # distances of the def tokens
-                    rows = np.arange(q - first, A.shape[0])                   # queries with the whole span behind
-                    control = A[rows[:, None], rows[:, None] - span[None]].sum(1)   # (rows,)
-                    others = control[rows != q]
-                    d["w"].append(float(A[q, first:last + 1].sum()))
-                    d["control"].append(float(others.mean()) if len(others) else float("nan"))
-                    d["d"].append(q - first)
-                    d["hit"].append(int(first <= A[q, :q + 1].argmax() <= last))
-                    d["kind"].append(kind)
-    return {"brackets": [[dict(br[l][h], d=pair_d, nested=pair_nested) for h in range(n_head)]
-                         for l in range(n_layer)],
-            "bracket_controls": ctrl, "nearest_hit": nearest_hit, "pair_d": pair_d, "pair_nested": pair_nested,
-            "defuse": du, "windows": len(windows)}
+    shape = (len(model.blocks), model.cfg.n_head)
+    hit, w, du_w, du_c, du_hit = [], [], [], [], []
+    ctrl: dict = {}
+    out = {"pair_d": [], "pair_nested": [], "nearest_hit": [], "du_d": [], "du_kind": []}
+    for win, W in _weights(model, windows):                                    # W (layers, H, L, L), row = query
+        if win["brackets"]:
+            o, c, nested = (np.array(v) for v in zip(*win["brackets"]))
+            hit.append(W[:, :, c, :].argmax(-1) == o)                          # (layers, H, n): causal rows
+            w.append(W[:, :, c, o])
+            out["pair_d"] += (c - o).tolist()
+            out["pair_nested"] += nested.astype(bool).tolist()
+            out["nearest_hit"] += [int(win["nearest"][ci] == oi) for oi, ci in zip(o, c)]
+            opens = np.array(sorted(win["opens"]))
+            dist = c[:, None] - opens[None, :]                                  # (n, opens)
+            ok = (dist > 0) & (opens[None, :] != o[:, None])                    # earlier, not the match
+            vals = W[:, :, c[:, None], opens[None, :]]                          # (layers, H, n, opens)
+            for i, j in zip(*np.nonzero(ok)):
+                s, n = ctrl.get(int(dist[i, j]), (0.0, 0))
+                ctrl[int(dist[i, j])] = (s + vals[:, :, i, j], n + 1)
+        for first, last, q, kind in win["defuse"]:
+            span = np.arange(q - last, q - first + 1)                           # distances of the def tokens
+            rows = np.arange(q - first, W.shape[-1])                            # queries with the span behind them
+            control = W[:, :, rows[:, None], rows[:, None] - span[None]].sum(-1)   # (layers, H, rows)
+            others = control[:, :, rows != q]
+            du_w.append(W[:, :, q, first:last + 1].sum(-1)[..., None])
+            du_c.append((others.mean(-1) if others.shape[-1] else np.full(shape, np.nan))[..., None])
+            top = W[:, :, q, :].argmax(-1)
+            du_hit.append(((top >= first) & (top <= last))[..., None])
+            out["du_d"].append(q - first)
+            out["du_kind"].append(kind)
+    return {**out, "hit": _cat(hit, shape).astype(float), "w": _cat(w, shape), "du_w": _cat(du_w, shape),
+            "du_control": _cat(du_c, shape), "du_hit": _cat(du_hit, shape).astype(float), "ctrl": ctrl,
+            "windows": len(windows), "shape": shape}
 
 
 def head_summary(stats: dict, layer: int, head: int) -> dict:
     """One head's headline numbers: bracket accuracy (all, nested, by distance) with controls, def → use ratio."""
-    b = stats["brackets"][layer][head]
-    hit, w = np.array(b.get("hit", []), dtype=float), np.array(b.get("w", []), dtype=float)
+    hit, w = stats["hit"][layer, head], stats["w"][layer, head]
     d, nested = np.array(stats["pair_d"], dtype=int), np.array(stats["pair_nested"], dtype=bool)
     near = np.array(stats["nearest_hit"], dtype=float)
-    ctrl = stats["bracket_controls"][layer][head]
-    ctrl_mean = {k: float(np.mean(v)) for k, v in ctrl.items()}
+    ctrl_mean = {k: float(s[layer, head]) / n for k, (s, n) in stats["ctrl"].items()}
+    mean = lambda x: float(x.mean()) if len(x) else 0.0                              # noqa: E731
     by_bin = {}
     for lo, hi in DISTANCE_BINS:
         sel = (d >= lo) & (d <= hi)
@@ -168,26 +169,21 @@ def head_summary(stats: dict, layer: int, head: int) -> dict:
             continue
         paired = [i for i in np.flatnonzero(sel) if d[i] in ctrl_mean]
         by_bin[distance_bin(lo)] = {
-            "pairs": int(sel.sum()), "head_accuracy": float(hit[sel].mean()), "nearest_open_accuracy":
-            float(near[sel].mean()), "nested_pairs": int((sel & nested).sum()),
-            "head_accuracy_nested": float(hit[sel & nested].mean()) if (sel & nested).any() else None,
+            "pairs": int(sel.sum()), "head_accuracy": mean(hit[sel]), "nearest_open_accuracy": mean(near[sel]),
+            "nested_pairs": int((sel & nested).sum()),
+            "head_accuracy_nested": mean(hit[sel & nested]) if (sel & nested).any() else None,
             "weight_match": float(w[paired].mean()) if paired else None,
             "weight_control": float(np.mean([ctrl_mean[d[i]] for i in paired])) if paired else None,
             "controlled_pairs": len(paired)}
-    u = stats["defuse"][layer][head]
-    uw, uc = np.array(u.get("w", []), dtype=float), np.array(u.get("control", []), dtype=float)
+    uw, uc = stats["du_w"][layer, head], stats["du_control"][layer, head]
     ok = ~np.isnan(uc)
-    return {"layer": layer, "head": head, "bracket_pairs": len(hit),
-            "bracket_accuracy": float(hit.mean()) if len(hit) else 0.0,
-            "bracket_accuracy_nested": float(hit[nested].mean()) if nested.any() else 0.0,
-            "nearest_open_accuracy": float(near.mean()) if len(near) else 0.0,
-            "nearest_open_accuracy_nested": float(near[nested].mean()) if nested.any() else 0.0,
-            "nested_pairs": int(nested.sum()), "by_distance": by_bin,
-            "defuse_pairs": int(ok.sum()), "defuse_weight": float(uw[ok].mean()) if ok.any() else 0.0,
-            "defuse_control": float(uc[ok].mean()) if ok.any() else 0.0,
-            "defuse_beats_control": float((uw[ok] > uc[ok]).mean()) if ok.any() else 0.0,
-            "defuse_argmax_on_def": float(np.array(u.get("hit", []), dtype=float)[ok].mean()) if ok.any() else 0.0,
-            "defuse_mean_distance": float(np.mean(np.array(u.get("d", []))[ok])) if ok.any() else 0.0}
+    return {"layer": layer, "head": head, "bracket_pairs": len(hit), "bracket_accuracy": mean(hit),
+            "bracket_accuracy_nested": mean(hit[nested]), "nearest_open_accuracy": mean(near),
+            "nearest_open_accuracy_nested": mean(near[nested]), "nested_pairs": int(nested.sum()),
+            "by_distance": by_bin, "defuse_pairs": int(ok.sum()), "defuse_weight": mean(uw[ok]),
+            "defuse_control": mean(uc[ok]), "defuse_beats_control": mean((uw > uc)[ok]),
+            "defuse_argmax_on_def": mean(stats["du_hit"][layer, head][ok]),
+            "defuse_mean_distance": mean(np.array(stats["du_d"], dtype=float)[ok])}
 
 
 def pick_prompts(tokenizer, files, n: int, max_prompt_tokens: int) -> list:

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import torch
 
 from ..data.code_analysis import bracket_pairs, def_use_pairs
 from ..tasks.code import code_files, encode_with_offsets
-from .code_measure import attention_stats, head_summary
+from .code_measure import attention_stats, attention_weights, head_summary
 from .exp_code import _bracket_score, _defuse_score, best_head
 
 __all__ = ["EXAMPLE", "show_code"]
@@ -40,18 +39,6 @@ def _label(tok, ids: list[int], i: int) -> str:
     return f"{tok.decode([ids[i]]).replace(chr(10), '⏎')!s}@{i}"
 
 
-@torch.no_grad()
-def _weights(model, ids: list[int]) -> np.ndarray:
-    backend = model.cfg.backend
-    model.with_backend("reference")
-    try:
-        capture: list = []
-        model(torch.tensor([ids]), capture=capture)
-    finally:
-        model.with_backend(backend)
-    return torch.stack([c.weights[0] for c in capture]).float().numpy()     # (layers, H, L, L)
-
-
 def show_code(checkpoint, text: Optional[str] = None, *, out: str = "runs/show", fmt: str = "png",
               windows: int = 40, stem: str = "code") -> list[Path]:
     """Draw the bracket head and the def → use head of a code GPT checkpoint on ``text`` (default ``EXAMPLE``)."""
@@ -68,7 +55,7 @@ def show_code(checkpoint, text: Optional[str] = None, *, out: str = "runs/show",
     info = load_checkpoint(checkpoint).extra.get("data", {})
     held = code_files(info.get("max_bytes", 5_000_000))[1]
     stats = attention_stats(model, tok, held[0::2], model.cfg.block_size, windows)
-    W = _weights(model, ids)
+    W = attention_weights(model, [ids])[0]                                  # (layers, H, L, L)
     written = []
     pairs = [(int(where[p.open]), int(where[p.close])) for p in bracket_pairs(text)]
     pairs = [(o, c) for o, c in pairs if o != c]

@@ -147,7 +147,7 @@ def judge_def_use(s: dict, ratio: float, beats: float, min_pairs: int) -> list[C
 
 def best_head(stats: dict, score) -> tuple[int, int]:
     """(layer, head) maximising ``score(head_summary)`` over every head."""
-    n_layer, n_head = len(stats["brackets"]), len(stats["brackets"][0])
+    n_layer, n_head = stats["shape"]
     return max(((l, h) for l in range(n_layer) for h in range(n_head)), key=lambda lh: score(head_summary(stats, *lh)))
 
 
