@@ -12,6 +12,7 @@ import torch
 import attnlab as al
 from attnlab.functional import masks
 from attnlab.functional.backends.favor import FavorFeatures, default_n_features, favor_attention
+from attnlab.functional.backends.linear_core import causal_linear_attention
 from attnlab.functional.backends.linear_recurrent import LinearAttentionState, absorb, step
 from attnlab.functional.backends.reference import reference_attention
 
@@ -115,6 +116,29 @@ def test_stabilizers_keep_large_inputs_accurate():
     assert gold.abs().amax() > 0.1, "the fp64 gold is not degenerate"
     torch.testing.assert_close(out.double(), gold, atol=1e-4, rtol=1e-4)
     assert (raw.double() - gold).abs().max() > 0.1, "without stabilizers fp32 loses the weights"
+
+
+def test_causal_key_constant_is_a_running_max_over_segments():
+    """Ordinary keys in a later segment must not make earlier rows underflow (fp32 vs the fp64 raw formula).
+
+    The first 24 keys are one large key repeated (log phi <= -89), the rest ordinary (log phi ~ 1).
+    One key constant for the whole sequence (segment = 64 rows here) makes every early weight
+    exp(-90) = 0 in fp32; the per-segment running max keeps those rows exact, and equal to a run
+    on the first 24 rows alone.
+    """
+    q, k, v = inputs(1, 2, 2, 40, 40, D=8)
+    k[:, :, :24] = 10.0 * k[:, :, :1]
+    feats = FavorFeatures(8, 32, seed=0)
+    assert feats(k[:, :, :24] * 8 ** -0.25).amax() < feats(k[:, :, 24:] * 8 ** -0.25).amax() - 88
+    gold = naive_favor(q, k, v, feats, causal=True)[:, :, :24]
+
+    def run(n, segment):
+        q32, k32, v32 = (t[:, :, :n].float() for t in (q, k, v))
+        return causal_linear_attention(q32, k32, v32, feats, keep=None, scale=8 ** -0.5, chunk=4, segment=segment)
+    out = run(40, 8)[:, :, :24]
+    torch.testing.assert_close(out.double(), gold, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out, run(24, 8)), "the early rows do not depend on later segments"
+    assert (run(40, 64)[:, :, :24].double() - gold).abs().max() > 0.5, "one shared constant would underflow"
 
 
 @pytest.mark.parametrize("H, Hkv", [(4, 4), (4, 2)])

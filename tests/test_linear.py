@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import attnlab as al
 from attnlab.functional import masks
-from attnlab.functional.backends.linear import EPS, linear_attention
-from attnlab.functional.backends.linear_core import causal_kernel_product
+from attnlab.functional.backends.linear import ELU, EPS, linear_attention
+from attnlab.functional.backends.linear_core import causal_linear_attention
 from attnlab.functional.backends.linear_recurrent import LinearAttentionState, absorb, step
 
 SHAPES = [(1, 33), (17, 17), (13, 29), (29, 13), (40, 40)]   # (L, S): decode, odd, L < S, L > S
@@ -218,22 +218,29 @@ def test_bad_arguments():
         LinearAttentionState.zeros(1, 2, 8, 6, scale=-2.0)
 
 
-@pytest.mark.parametrize("chunk, segment", [(1, 1), (2, 4), (3, 7), (4, 100)])
-def test_kernel_product_any_chunk_and_segment(chunk, segment):
-    """The chunked, segmented prefix sums equal the masked quadratic product, values and gradients."""
-    g = torch.Generator().manual_seed(1)
-    fq = torch.rand(1, 2, 2, 11, 3, generator=g, dtype=torch.float64).requires_grad_()
-    fk = torch.rand(1, 2, 11, 3, generator=g, dtype=torch.float64).requires_grad_()
-    vh = torch.randn(1, 2, 11, 4, generator=g, dtype=torch.float64).requires_grad_()
-    s0 = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64).requires_grad_()
-    naive = lambda fq, fk, vh, s0: ((fq @ fk.unsqueeze(2).transpose(-2, -1)).tril() @ vh.unsqueeze(2)
-                                    + fq @ s0.unsqueeze(2))
-    fn = lambda fq, fk, vh, s0: causal_kernel_product(fq, fk, vh, s0, chunk, segment)
-    torch.testing.assert_close(fn(fq, fk, vh, s0), naive(fq, fk, vh, s0))
-    gy = torch.randn(1, 2, 2, 11, 4, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(fn(fq, fk, vh, s0), (fq, fk, vh, s0), gy)
-    want = torch.autograd.grad(naive(fq, fk, vh, s0), (fq, fk, vh, s0), gy)
-    for name, a, b in zip(("fq", "fk", "vhat", "s0"), got, want):
-        torch.testing.assert_close(a, b, msg=lambda m: f"d{name}: {m}")
-    if chunk == 3:
-        assert torch.autograd.gradcheck(fn, (fq, fk, vh, s0))
+@pytest.mark.parametrize("chunk, segment", [(1, 1), (2, 4), (3, 7), (4, 100), (64, None)])
+@pytest.mark.parametrize("L, S", [(11, 11), (5, 14), (14, 5)])
+def test_fused_segments_any_chunk_and_segment(chunk, segment, L, S):
+    """Segments of chunks (key-only segments first when S > L), values and gradients vs the naive formula."""
+    q, k, v = inputs(2, 4, 2, L, S, D=3, Dv=4, grad=True)
+    lengths = torch.tensor([S, S - 2])
+    keep = (torch.arange(S)[None, :] < lengths[:, None])[:, None, :, None]          # (B, 1, S, 1)
+    fn = lambda q, k, v: causal_linear_attention(q, k, v, ELU, keep=keep, scale=0.5, chunk=chunk, segment=segment)
+    naive = lambda q, k, v: naive_linear(q, k, v, causal=True, lengths=lengths, scale=0.5)
+    torch.testing.assert_close(fn(q, k, v), naive(q, k, v), atol=1e-12, rtol=1e-10)
+    gy = torch.randn(2, 4, L, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    got = torch.autograd.grad(fn(q, k, v), (q, k, v), gy)
+    want = torch.autograd.grad(naive(q, k, v), (q, k, v), gy)
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9, msg=lambda m: f"d{name}: {m}")
+    if chunk == 3 and L == S:
+        assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_gradient_only_for_inputs_that_need_it():
+    q, k, v = inputs(1, 2, 1, 9, 12, grad=False)
+    v.requires_grad_()
+    out = causal_linear_attention(q, k, v, ELU, keep=None, scale=1.0, chunk=2, segment=4)
+    (dv,) = torch.autograd.grad(out.sum(), (v,))
+    (want,) = torch.autograd.grad(naive_linear(q, k, v, causal=True, scale=1.0).sum(), (v,))
+    torch.testing.assert_close(dv, want)

@@ -7,7 +7,8 @@ exp(s q_i·k_j) are replaced by phi(q_i)·phi(k_j) with positive features phi, a
     out_i = sum_j (phi(q_i)·phi(k_j)) v_j / (sum_j phi(q_i)·phi(k_j) + eps)        eps = 1e-6
 
 costs O(n m Dv) rather than O(n^2) (``linear_core``): non-causal through phi(K)^T V, causal through
-chunked prefix sums whose backward recomputes the chunks instead of storing n prefix states. The
+chunked prefix sums fused by segments, whose backward recomputes each segment from its start
+state instead of storing n prefix states. The
 same code serves any positive feature map (``FeatureMap``); Performer's FAVOR+ random features are
 one (``favor``). For O(1)-per-token decoding see ``linear_recurrent`` (``LinearAttentionState``).
 
@@ -40,7 +41,8 @@ from torch import Tensor
 from ..masks import CausalMask, Mask, PaddingMask, parts
 from ..registry import register_backend
 from ..request import AttentionRequest, make_request
-from .linear_core import DEFAULT_CHUNK, causal_kernel_product, full_kernel_product
+from .linear_core import (DEFAULT_CHUNK, causal_linear_attention, full_kernel_product, key_features, normalize,
+                          query_features)
 from .reference import accum_dtype
 
 __all__ = ["FeatureMap", "EluFeatures", "linear_attention", "kernelized_attention", "linear_unsupported",
@@ -132,58 +134,6 @@ def split_mask(mask: Optional[Mask], S: int, device) -> tuple[bool, Optional[Ten
     return causal, keep
 
 
-def query_features(fmap: FeatureMap, x: Tensor) -> Tensor:
-    """phi(x) (..., L, m) for queries x (..., L, D); in log space stabilized by the per-row max.
-
-    The row's constant multiplies its numerator and normalizer alike, so it cancels.
-    """
-    f = fmap.features_(x)
-    if not fmap.log_space:
-        return f
-    return f.sub(f.detach().amax(dim=-1, keepdim=True)).exp_()
-
-
-def _key_features(fmap: FeatureMap, x: Tensor, keep: Optional[Tensor]) -> Tensor:
-    """phi(keys) (B, Hkv, S, m), padded keys zeroed; in log space stabilized by a shared constant.
-
-    The constant is ONE number per head for all keys (a per-key constant would reweight the keys
-    and bias the result): the max of log phi over the kept keys and all features.
-    """
-    f = fmap.features_(x)
-    if not fmap.log_space:
-        return f if keep is None else f * keep
-    lf = f.detach() if keep is None else f.detach().masked_fill(~keep, float("-inf"))
-    c = lf.amax(dim=(-2, -1), keepdim=True)                       # (B, Hkv, 1, 1)
-    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))    # every key padded: nothing to stabilize
-    phi = f.sub(c).exp_()
-    return phi if keep is None else phi * keep
-
-
-def normalize(num: Tensor, den: Tensor, eps: float) -> Tensor:
-    """num / (den + eps), rows whose normalizer is 0 (no key, or every weight underflowed) -> 0.
-
-    num: (..., Dv); den: (...). Every weight is >= 0, so the result is a convex combination of values.
-    """
-    den = den + eps
-    return num / torch.where(den > 0, den, torch.ones_like(den))[..., None]
-
-
-def _causal_product(fq: Tensor, fk: Tensor, vhat: Tensor, chunk: int) -> Tensor:
-    """Causal kernel product, bottom-right aligned: query i sees keys j <= i + S - L.
-
-    fq (B, Hkv, G, L, m), fk (B, Hkv, S, m), vhat (B, Hkv, S, Dv + 1) -> Y (B, Hkv, G, L, Dv + 1).
-    """
-    B, Hkv, G, L, m = fq.shape
-    S, Dv1 = fk.shape[2], vhat.shape[-1]
-    if S >= L:
-        off = S - L                                               # keys every query sees: the initial state
-        s0 = fk[:, :, :off].transpose(-2, -1) @ vhat[:, :, :off]  # (B, Hkv, m, Dv + 1)
-        return causal_kernel_product(fq, fk[:, :, off:], vhat[:, :, off:], s0, chunk)
-    early = L - S                                                 # queries before key 0 see nothing: Y = 0
-    y = causal_kernel_product(fq[:, :, :, early:], fk, vhat, fk.new_zeros(B, Hkv, m, Dv1), chunk)
-    return torch.cat([y.new_zeros(B, Hkv, G, early, Dv1), y], dim=3)
-
-
 def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, fmap: FeatureMap, *, causal: bool,
                          keep: Optional[Tensor], scale: float, chunk: int = DEFAULT_CHUNK,
                          return_weights: bool = False):
@@ -201,25 +151,27 @@ def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, fmap: FeatureMap, *, c
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
     cdt = accum_dtype(q.dtype)
-    if S == 0:
+    if S == 0 or L == 0:
         out = q.new_zeros(B, H, L, Dv)
-        return (out, q.new_zeros(B, H, L, 0, dtype=cdt)) if return_weights else out
+        return (out, q.new_zeros(B, H, L, S, dtype=cdt)) if return_weights else out
+    if causal:
+        out = causal_linear_attention(q, k, v, fmap, keep=keep, scale=scale, chunk=chunk)   # (B, H, L, Dv)
+        if not return_weights:
+            return out
     root = math.sqrt(scale)
-    fq = query_features(fmap, q.to(cdt) * root).unflatten(1, (Hkv, G))   # (B, Hkv, G, L, m)
-    fk = _key_features(fmap, k.to(cdt) * root, keep)              # (B, Hkv, S, m)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not causal):
+        fq = query_features(fmap, q.to(cdt) * root).unflatten(1, (Hkv, G))   # (B, Hkv, G, L, m)
+        fk = key_features(fmap, k.to(cdt) * root, keep)[0]                   # (B, Hkv, S, m)
     if not causal:
         y = full_kernel_product(fq, fk, v.to(cdt))                # (B, Hkv, G, L, Dv + 1)
-    else:
-        vhat = torch.cat([v.to(cdt), v.new_ones(B, Hkv, S, 1, dtype=cdt)], dim=-1)   # (B, Hkv, S, Dv + 1)
-        y = _causal_product(fq, fk, vhat, chunk)
-    out = normalize(y[..., :Dv], y[..., Dv], fmap.eps).flatten(1, 2).to(q.dtype)   # (B, H, L, Dv)
-    if not return_weights:
-        return out
-    with torch.no_grad():
+        out = normalize(y[..., :Dv], y[..., Dv], fmap.eps).flatten(1, 2).to(q.dtype)   # (B, H, L, Dv)
+        if not return_weights:
+            return out
+    with torch.no_grad():                                         # this model's weights, densely
         a = fq @ fk.unsqueeze(2).transpose(-2, -1)                # (B, Hkv, G, L, S)
-        w = normalize(a, y[..., Dv], fmap.eps)
         if causal:
-            w = w * CausalMask().dense(L, S).to(w.device)
+            a = a * CausalMask().dense(L, S).to(a.device)
+        w = normalize(a, a.sum(-1), fmap.eps)
     return out, w.flatten(1, 2)                                   # (B, H, L, S)
 
 
