@@ -36,8 +36,8 @@ def show_vqa(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     out, written = Path(args.out), []
     for layer in layers:
         fig = cross_attention(w[layer, heads], labels, image=raw, grid=model.cfg.vit.grid,
-                              title=f"VQA layer {layer}: {decode(question[0])!r} -> {said!r} "
-                                    f"(true: {truth!r}){blind}")
+                              title=f"VQA layer {layer}: {decode(question[0])!r}{blind}\n"
+                                    f"answer {said!r} (true: {truth!r})")
         written.append(save(fig, _file(out, stem, f"question{i}-layer{layer}", args.format)))
     return written
 
