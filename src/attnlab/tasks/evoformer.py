@@ -35,8 +35,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..data.pairs import PairTaskConfig, draw_pairs
-from ..data.pairs import COUPLINGS
+from ..data.pairs import COUPLINGS, PairTaskConfig, draw_pairs
 from ..models.evoformer import ABLATIONS, KINDS, Evoformer, EvoformerConfig, matched_flat_size
 from ..train.task import DrawSampler, TaskSpec
 
@@ -47,7 +46,7 @@ EVAL_BATCH = 64
 
 # The default model (both kinds): measured to fit the task's time budget on the 2-core CPU.
 MODEL_DEFAULTS = dict(n_blocks=2, msa_dim=32, pair_dim=16, n_heads=4, head_dim=8, opm_dim=8)
-# --coupling tagged's data unless --cols is given: 12 columns, 2-3 contacts at least 3 apart, a smaller problem
+# --coupling tagged's data: 12 columns (unless --cols), 2-3 contacts at least 3 apart, a smaller problem
 # (and cheaper steps) than the pairwise default, since the three-way signal is the harder one to find
 TAGGED_DATA = dict(cols=12, max_pairs=3, min_sep=3)
 
@@ -186,7 +185,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _from_args(args: argparse.Namespace) -> EvoformerTask:
     if args.ablate and args.kind != "axial":
         raise ValueError(f"--ablate removes parts of the axial Evoformer; --model {args.kind} has none of them")
-    shape = dict(TAGGED_DATA) if args.coupling == "tagged" and args.cols is None else {}
+    shape = dict(TAGGED_DATA) if args.coupling == "tagged" else {}          # its contact counts even with --cols
     if args.cols is not None:
         shape["cols"] = args.cols
     data = PairTaskConfig(rows=args.rows, coupling=args.coupling, **shape)
