@@ -180,7 +180,7 @@ def judge_longrange(ks: list[int], acc_transformer: list[float], acc_lstm: list[
     last = max(range(len(ks)), key=lambda i: ks[i]) if complete else None
 
     def at(acc, i):
-        return f"{acc[i]:.3f} at k = {ks[i]}" if i is not None else "n/a"
+        return f"{acc[i]:.4g} at k = {ks[i]}" if i is not None else "n/a"
     low = min(range(len(ks)), key=lambda i: acc_transformer[i]) if complete else None
     return [Check("an accuracy for both models at every k", complete,
                   f"{len(ks)} k, {len(acc_transformer)} transformer, {len(acc_lstm)} LSTM"),
