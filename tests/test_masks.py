@@ -161,7 +161,7 @@ def test_bad_sequence_masks_are_rejected(bad):
 
 
 def test_sequence_masks_check_their_extent():
-    with pytest.raises(ValueError, match="exceed|reach"):
+    with pytest.raises(ValueError, match="need 9 queries"):
         masks.varlen(torch.tensor([0, 3, 9])).check(1, 1, 8, 8)
-    with pytest.raises(ValueError, match="exceed"):
+    with pytest.raises(ValueError, match="need 5 queries"):
         masks.padded(torch.tensor([5, 2]), side="left").check(2, 1, 4, 4)

@@ -198,6 +198,8 @@ class PaddingMask(Mask):
         self.lengths = lengths.long().cpu()
         self.batch = lengths.numel()
         self.side = side
+        # a Python int, so that check() needs no data-dependent read under torch.compile
+        self.max_length = int(self.lengths.max()) if self.batch else 0
 
     def _key_range(self, S: int) -> tuple[Tensor, Tensor]:
         """(B,) first and one-past-last real key of each example."""
@@ -224,7 +226,7 @@ class PaddingMask(Mask):
 
     def check(self, B: int, H: int, L: int, S: int) -> None:
         super().check(B, H, L, S)
-        if self.lengths.numel() and int(self.lengths.max()) > S:
+        if self.max_length > S:
             raise ValueError(f"padding lengths {self.lengths.tolist()} exceed the S={S} keys: a length counts "
                              f"the real keys of an example, so it must be <= {S}")
 

@@ -29,6 +29,7 @@ from ..masks import EMPTY, Mask
 from ..patterns import BlockLayoutMask
 from ..registry import register_backend
 from ..request import Bias
+from .func_rules import KernelGrad, none_if_empty, vmap_by_loop
 from .reference import accum_dtype
 from .sparse_layout import Chunk, Layout, SparseStats, chunk_allowed, make_layout
 
@@ -259,36 +260,58 @@ def _scatter_bias(dbias: Tensor, g6: Tensor, bs: slice, r: Tensor, c: Tensor) ->
     target.view(target.shape[0] * Hb, Lb * Sb).index_add_(1, flat, g.flatten(2).flatten(0, 1))
 
 
+def _problem(cfg: dict, q, k, v, bias_t, params) -> _Problem:
+    return _Problem(q, k, v, bias_t, cfg["bias_s"], tuple(params), cfg["layout"], cfg["scale"],
+                    cfg["dropout_p"], cfg["seed"], cfg["softcap"])
+
+
 class _SparseAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias_t, cfg, *params):
-        pb = _Problem(q, k, v, bias_t, cfg["bias_s"], params, cfg["layout"], cfg["scale"],
-                      cfg["dropout_p"], cfg["seed"], cfg["softcap"])
-        out, lse, weights = _forward(pb, cfg["weights"])
-        ctx.save_for_backward(q, k, v, bias_t, out, lse, *params)
-        ctx.cfg = cfg
-        cfg["weights_out"] = weights
-        B, H, Hkv, G, L, S, D, Dv = pb.dims
-        # (B, Hkv, nq, G, bq, Dv) -> (B, H, L, Dv)
-        return out.transpose(2, 3).reshape(B, H, -1, Dv)[:, :, :L].to(q.dtype)
+    """(q, k, v, bias_t, cfg, *params) -> (out, fp32 block output, lse, weights or empty).
+
+    setup_context + a vmap rule (``func_rules``): works under torch.func (grad, vmap, jacrev)."""
 
     @staticmethod
-    def backward(ctx, dout):
+    def forward(q, k, v, bias_t, cfg, *params):
+        pb = _problem(cfg, q, k, v, bias_t, params)
+        out, lse, weights = _forward(pb, cfg["weights"])
+        B, H, Hkv, G, L, S, D, Dv = pb.dims
+        # (B, Hkv, nq, G, bq, Dv) -> (B, H, L, Dv)
+        res = out.transpose(2, 3).reshape(B, H, -1, Dv)[:, :, :L].to(q.dtype)
+        return res, out, lse, (weights if weights is not None else q.new_empty(0))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, bias_t, cfg, *params = inputs
+        _, out, lse, weights = output
+        ctx.save_for_backward(q, k, v, bias_t, out, lse, *params)
+        ctx.cfg = cfg
+        ctx.mark_non_differentiable(out, lse, weights)
+
+    @staticmethod
+    def backward(ctx, dout, _dacc, _dlse, _dweights):
         q, k, v, bias_t, out, lse, *params = ctx.saved_tensors
         cfg = ctx.cfg
-        pb = _Problem(q, k, v, bias_t, cfg["bias_s"], tuple(params), cfg["layout"], cfg["scale"],
-                      cfg["dropout_p"], cfg["seed"], cfg["softcap"])
-        B, H, Hkv, G, L, S, D, Dv = pb.dims
-        nq, bq = out.shape[2], pb.layout.block_q
-        dout = torch.nn.functional.pad(dout, (0, 0, 0, nq * bq - L))
-        dout = dout.reshape(B, Hkv, G, nq, bq, Dv).transpose(2, 3).contiguous()      # (B, Hkv, nq, G, bq, Dv)
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias, dparams = _backward(pb, out, lse, dout.to(q.dtype), want_bias)
-        dq = dq.transpose(2, 3).reshape(B, H, -1, D)[:, :, :L]
-        dk, dv = dk.reshape(B, Hkv, -1, D)[:, :, :S], dv.reshape(B, Hkv, -1, Dv)[:, :, :S]
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                dbias.to(bias_t.dtype) if dbias is not None else None, None,
-                *[g.to(p.dtype) for g, p in zip(dparams, params)])
+
+        def run(dout, q, k, v, bias_t, out, lse, *params):
+            pb = _problem(cfg, q, k, v, bias_t, params)
+            B, H, Hkv, G, L, S, D, Dv = pb.dims
+            nq, bq = out.shape[2], pb.layout.block_q
+            dout = torch.nn.functional.pad(dout, (0, 0, 0, nq * bq - L))
+            dout = dout.reshape(B, Hkv, G, nq, bq, Dv).transpose(2, 3).contiguous()      # (B, Hkv, nq, G, bq, Dv)
+            dq, dk, dv, dbias, dparams = _backward(pb, out, lse, dout.to(q.dtype), want_bias)
+            dq = dq.transpose(2, 3).reshape(B, H, -1, D)[:, :, :L]
+            dk, dv = dk.reshape(B, Hkv, -1, D)[:, :, :S], dv.reshape(B, Hkv, -1, Dv)[:, :, :S]
+            return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                    dbias.to(bias_t.dtype) if dbias is not None else q.new_empty(0),
+                    *[g.to(p.dtype) for g, p in zip(dparams, params)])
+
+        dq, dk, dv, dbias, *dparams = KernelGrad.apply(run, dout, q, k, v, bias_t, out, lse, *params)
+        return (dq, dk, dv, none_if_empty(dbias), None, *dparams)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return vmap_by_loop(_SparseAttention.apply, info, in_dims, args)
 
 
 @register_backend("sparse", summary="exact block-sparse kernel: gathers only the key blocks the mask needs, "
@@ -327,5 +350,5 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     params = bias_s.params if bias_s is not None else ()
     cfg = dict(mask=mask, bias_s=bias_s, layout=layout, scale=scale, dropout_p=dropout_p, seed=dropout_seed,
                weights=return_weights, softcap=softcap)
-    out = _SparseAttention.apply(q, k, v, bias_t, cfg, *params)
-    return (out, cfg["weights_out"]) if return_weights else out
+    out, _, _, weights = _SparseAttention.apply(q, k, v, bias_t, cfg, *params)
+    return (out, weights) if return_weights else out

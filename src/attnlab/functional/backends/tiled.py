@@ -30,6 +30,7 @@ from ..dropout import keep_mask
 from ..masks import CausalMask, Mask
 from ..registry import register_backend
 from ..request import Bias
+from .func_rules import KernelGrad, none_if_empty, vmap_by_loop
 from .reference import accum_dtype
 from .tiled_plan import Plan, RowTile, Span, TileStats, make_plan
 
@@ -308,27 +309,51 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
     return dq5.mul_(LN2 * pb.qscale), dk4.mul_(LN2), dv4, dbias, dparams
 
 
+def _problem(cfg: dict, q5, k, v, bias_t, params) -> _Problem:
+    return _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params), cfg["dropout_p"], cfg["seed"],
+                    cfg["plan"], cfg["qscale"], cfg["blocks"], cfg["softcap"])
+
+
 class _TiledAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q5, k, v, bias_t, cfg, *bias_params):
-        pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], bias_params,
-                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"], cfg["softcap"])
-        out5, lse2 = _forward(pb)                     # out5 in fp32 (fp64): kept for the backward's D_i
-        ctx.save_for_backward(pb.q5, k, v, bias_t, out5, lse2, *bias_params)
-        ctx.cfg = cfg
-        ctx.mark_non_differentiable(lse2)
-        return out5.to(q5.dtype), lse2
+    """(q5, k, v, bias_t, cfg, *bias_params) -> (out5, lse2, out5 in fp32 or empty).
+
+    setup_context + a vmap rule (``func_rules``): works under torch.func (grad, vmap, jacrev)."""
 
     @staticmethod
-    def backward(ctx, dout5, _dlse):
+    def forward(q5, k, v, bias_t, cfg, *bias_params):
+        out5, lse2 = _forward(_problem(cfg, q5, k, v, bias_t, bias_params))   # out5 in fp32 (fp64)
+        out = out5.to(q5.dtype)
+        # the unrounded output, kept for the backward's D_i (an output, as setup_context sees only those)
+        acc = out5 if out is not out5 else out5.new_empty(0)
+        return out, lse2, acc
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q5, k, v, bias_t, cfg, *params = inputs
+        out, lse2, acc = output
+        ctx.save_for_backward(q5, k, v, bias_t, acc if acc.numel() else out, lse2, *params)
+        ctx.cfg = cfg
+        ctx.mark_non_differentiable(lse2, acc)
+
+    @staticmethod
+    def backward(ctx, dout5, _dlse, _dacc):
         q5, k, v, bias_t, out5, lse2, *params = ctx.saved_tensors
         cfg = ctx.cfg
-        pb = _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params),
-                      cfg["dropout_p"], cfg["seed"], cfg["plan"], cfg["qscale"], cfg["blocks"], cfg["softcap"])
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
-        dq5, dk, dv, dbias, dparams = _backward(pb, out5, lse2, dout5.contiguous(), want_bias)
-        return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias.to(bias_t.dtype) if dbias is not None else None,
-                None, *[g.to(p.dtype) for g, p in zip(dparams, params)])
+
+        def run(dout5, q5, k, v, bias_t, out5, lse2, *params):
+            dq5, dk, dv, dbias, dparams = _backward(_problem(cfg, q5, k, v, bias_t, params), out5, lse2,
+                                                    dout5.contiguous(), want_bias)
+            return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                    dbias.to(bias_t.dtype) if dbias is not None else q5.new_empty(0),
+                    *[g.to(p.dtype) for g, p in zip(dparams, params)])
+
+        dq5, dk, dv, dbias, *dparams = KernelGrad.apply(run, dout5, q5, k, v, bias_t, out5, lse2, *params)
+        return (dq5, dk, dv, none_if_empty(dbias), None, *dparams)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return vmap_by_loop(_TiledAttention.apply, info, in_dims, args)
 
 
 def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
@@ -381,7 +406,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     q5 = q.reshape(B, Hkv, G, L, D)
     cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan,
                qscale=scale * LOG2E, blocks={}, softcap=softcap)
-    out5, lse2 = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
+    out5, lse2, _ = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():

@@ -1,0 +1,96 @@
+"""torch.func support for the hand-written kernels (tiled, sparse): a vmap rule and a grad Function.
+
+The kernels schedule their tiles in Python from the mask (empty tiles skipped, per-example
+schedules), so they cannot run on vmap's batched tensors op by op. Their autograd.Functions
+therefore use ``setup_context`` (what torch.func requires) and a ``vmap`` staticmethod that runs
+the kernel once per vmapped slice (``vmap_by_loop``). The backward is itself an autograd.Function
+(``KernelGrad``) with the same rule, so ``jacrev``, ``vjp`` under ``vmap`` and
+``gradcheck(check_batched_grad=True)`` (which vmap the backward over many output gradients) work.
+
+Example (inside an autograd.Function)::
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return vmap_by_loop(MyFunction.apply, info, in_dims, args)
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["vmap_by_loop", "KernelGrad", "none_if_empty"]
+
+
+def vmap_by_loop(apply: Callable, info, in_dims, args) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
+    """Run ``apply`` on each of the ``info.batch_size`` slices and stack every output along dim 0.
+
+    Arguments with an in_dim of None (unbatched tensors, configuration) are passed as they are.
+    The kernels' dropout is counter-based on its seed, so every slice gets the same keep mask
+    (vmap's randomness="same").
+    """
+    if getattr(info, "randomness", "error") == "different":
+        raise RuntimeError("the tiled/sparse kernels draw dropout from one seed per call, so every vmapped "
+                           "slice gets the same keep mask: use vmap(..., randomness='same') or 'error'")
+    outs = []
+    for i in range(info.batch_size):
+        # a non-tensor argument's in_dims mirror its pytree (a dict of Nones for a config dict)
+        sliced = [a.select(d, i) if isinstance(a, Tensor) and isinstance(d, int) else a
+                  for a, d in zip(args, in_dims)]
+        res = apply(*sliced)
+        outs.append(res if isinstance(res, tuple) else (res,))
+    stacked = tuple(torch.stack(list(col)) for col in zip(*outs))
+    return stacked, (0,) * len(stacked)
+
+
+def none_if_empty(t: Tensor):
+    """Functions cannot return None from vmap rules: an absent gradient travels as an empty tensor."""
+    return None if t.numel() == 0 and t.dim() == 1 else t
+
+
+def _legacy_vmap_level():
+    """The level of the legacy vmap (torch._vmap_internals) running now, or None outside it."""
+    level = torch._C._vmapmode_increment_nesting()
+    torch._C._vmapmode_decrement_nesting()
+    return level - 1 if level > 1 else None
+
+
+def _is_legacy_batched(t: Tensor) -> bool:
+    return re.search(r"\bBatched\b", str(torch._C._dispatch_keys(t))) is not None
+
+
+class KernelGrad(torch.autograd.Function):
+    """The backward pass of a kernel as a Function of its own: ``run(*tensors) -> tuple of tensors``.
+
+    Called from the kernel Function's ``backward`` as ``KernelGrad.apply(run, *tensors)``; it exists so
+    that torch.func can vmap the backward (vmap rule: one run per slice). Gradients of the gradient
+    (double backward) are refused with a clear message.
+    """
+
+    @staticmethod
+    def forward(run, *tensors):
+        level = _legacy_vmap_level()
+        batched = [level is not None and isinstance(t, Tensor) and _is_legacy_batched(t) for t in tensors]
+        if not any(batched):
+            return run(*tensors)
+        # torch.autograd.grad(is_grads_batched=True) -- what gradcheck(check_batched_grad=True) runs --
+        # still uses the legacy vmap, which knows no Function vmap rules: unwrap, loop, wrap back.
+        phys = [torch._remove_batch_dim(t, level, 1, 0) if b else t for t, b in zip(tensors, batched)]
+        n = next(p.shape[0] for p, b in zip(phys, batched) if b)
+        outs = [run(*[p[i] if b else p for p, b in zip(phys, batched)]) for i in range(n)]
+        return tuple(torch._add_batch_dim(torch.stack(col), 0, level) for col in zip(*outs))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("double backward (gradients of gradients) through the tiled/sparse kernels is not "
+                           "supported: use backend='reference' or 'sdpa' for higher-order derivatives")
+
+    @staticmethod
+    def vmap(info, in_dims, run, *tensors):
+        return vmap_by_loop(lambda *t: KernelGrad.apply(run, *t), info, in_dims[1:], tensors)

@@ -1,0 +1,127 @@
+"""Every exact backend under torch's own tools (issue #17): torch.compile, torch.func and batched gradcheck.
+
+* reference and sdpa compile as one graph (fullgraph=True);
+* tiled and sparse schedule their tiles in Python from the mask (data-dependent), so dynamo breaks
+  the graph around their kernels: they must still compile without internal errors and give the
+  eager results, forward and backward, with L != S, masks, biases and softcap;
+* torch.func.grad / vmap / jacrev and gradcheck(check_batched_grad=True) go through the kernels'
+  setup_context and vmap rules (``backends.func_rules``).
+
+The default run compiles with the ``aot_eager`` backend (dynamo + AOTAutograd, where the reported
+internal errors were); the inductor sweep is marked slow.
+"""
+import pytest
+import torch
+
+from attnlab.functional import FunctionBias, attention, masks
+
+EXACT = ["reference", "sdpa", "tiled", "sparse"]
+FULLGRAPH = {"reference", "sdpa"}          # tiled/sparse: graph breaks around their Python tile schedule
+
+
+def rand(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def inputs(dtype=torch.float64, B=2, H=2, Hkv=1, L=5, S=7, D=3, Dv=2):
+    q, k, v = rand(B, H, L, D, seed=1, dtype=dtype), rand(B, Hkv, S, D, seed=2, dtype=dtype), \
+        rand(B, Hkv, S, Dv, seed=3, dtype=dtype)
+    bias = rand(B, H, L, S, seed=4, dtype=dtype)
+    return [t.requires_grad_() for t in (q, k, v, bias)]
+
+
+def request(backend, S=7):
+    """A request with an L != S causal mask, per-example padding, a bias tensor and (where the backend
+    can) softcap: every per-example and per-tile path of the kernels."""
+    kw = dict(mask=masks.causal() & masks.padding(torch.tensor([S, S - 3])), backend=backend)
+    if backend != "sdpa":
+        kw["softcap"] = 2.5
+    return kw
+
+
+def run_and_grads(fn, q, k, v, bias):
+    out = fn(q, k, v, bias)
+    return [out] + list(torch.autograd.grad((out * out).sum(), (q, k, v, bias)))
+
+
+@pytest.mark.parametrize("backend", EXACT)
+def test_compile_equals_eager(backend):
+    torch._dynamo.reset()
+    kw = request(backend)
+    q, k, v, bias = inputs(torch.float32)
+    fn = lambda q, k, v, b: attention(q, k, v, bias=b, **kw)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=backend in FULLGRAPH)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], run_and_grads(compiled, q, k, v, bias),
+                          run_and_grads(fn, q, k, v, bias)):
+        assert torch.allclose(a, b, atol=1e-5), f"{name}: {(a - b).abs().max().item():.2e}"
+
+
+@pytest.mark.parametrize("backend", EXACT)
+def test_func_grad_vmap_jacrev(backend):
+    kw = request(backend)
+    q, k, v, bias = (t.detach() for t in inputs())
+    fn = lambda q, k, v, b: attention(q, k, v, bias=b, **kw)
+    ref = lambda q, k, v, b: attention(q, k, v, bias=b, **{**kw, "backend": "reference"})
+    # grad
+    g = torch.func.grad(lambda *a: (fn(*a) ** 2).sum(), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    g_ref = torch.func.grad(lambda *a: (ref(*a) ** 2).sum(), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    for a, b in zip(g, g_ref):
+        assert torch.allclose(a, b, atol=1e-10)
+    # vmap over a stack of query sets (k, v, bias shared) and over everything
+    qs = torch.stack([q, 2 * q, -q])
+    batched = torch.func.vmap(fn, in_dims=(0, None, None, None))(qs, k, v, bias)
+    assert torch.allclose(batched, torch.stack([ref(x, k, v, bias) for x in qs]), atol=1e-10)
+    ks = torch.stack([k, k.flip(2)])
+    both = torch.func.vmap(fn)(qs[:2], ks, torch.stack([v, v]), torch.stack([bias, bias]))
+    assert torch.allclose(both, torch.stack([ref(qs[i], ks[i], v, bias) for i in range(2)]), atol=1e-10)
+    # jacrev: vmap over the backward
+    J = torch.func.jacrev(fn, argnums=(0, 1, 2, 3))(q, k, v, bias)
+    J_ref = torch.func.jacrev(ref, argnums=(0, 1, 2, 3))(q, k, v, bias)
+    for a, b in zip(J, J_ref):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+SLOW_SPARSE = pytest.param("sparse", marks=pytest.mark.slow)   # ~1 min of small calls on 2 busy cores
+
+
+@pytest.mark.parametrize("backend", ["reference", "tiled", SLOW_SPARSE])
+def test_batched_gradcheck(backend):
+    q, k, v, bias = inputs(L=4, S=5)
+    kw = request(backend, S=5)
+    fn = lambda q, k, v, b: attention(q, k, v, bias=b, **kw)
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias), check_batched_grad=True)
+
+
+@pytest.mark.parametrize("backend", ["tiled", SLOW_SPARSE])
+def test_batched_gradcheck_structured_bias(backend):
+    """A per-example ALiBi-like FunctionBias (its slopes get gradients) with per-example padding."""
+    q, k, v, _ = inputs(L=4, S=5)
+    slopes = rand(2, 2, seed=5).abs().requires_grad_()
+    m = masks.padding(torch.tensor([5, 3]))
+    fn = lambda q, k, v, s: attention(q, k, v, mask=m, backend=backend,
+                                      bias=FunctionBias(lambda i, j, s: -s[:, :, None, None] * (i - j).abs(), s))
+    assert torch.autograd.gradcheck(fn, (q, k, v, slopes), check_batched_grad=True)
+
+
+@pytest.mark.parametrize("backend", ["tiled", "sparse"])
+def test_double_backward_is_refused_clearly(backend):
+    q, k, v, bias = inputs()
+    out = attention(q, k, v, bias=bias, backend=backend)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        dq.sum().backward()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", EXACT)
+@pytest.mark.parametrize("mask", ["none", "window", "documents", "padded_left"])
+def test_inductor_compile_sweep(backend, mask):
+    torch._dynamo.reset()
+    m = {"none": None, "window": masks.window(2, 1),
+         "documents": masks.documents(torch.tensor([[0] * 3 + [1] * 4, [0] * 6 + [1]])),
+         "padded_left": masks.padded(torch.tensor([5, 2]), torch.tensor([7, 3]), side="left", causal=True)}[mask]
+    q, k, v, bias = inputs(torch.float32)
+    fn = lambda q, k, v, b: attention(q, k, v, mask=m, bias=b, backend=backend)
+    compiled = torch.compile(fn, fullgraph=backend in FULLGRAPH and mask in ("none", "window"))
+    for a, b in zip(run_and_grads(compiled, q, k, v, bias), run_and_grads(fn, q, k, v, bias)):
+        assert torch.allclose(a, b, atol=1e-5)
