@@ -139,6 +139,19 @@ def test_bias_tensor_gradients(shape, deterministic):
         assert cand <= (2 if name == "out" else 3) * ref + 1e-6, f"{shape} {name}: {cand:.2e} vs {ref:.2e}"
 
 
+@pytest.mark.parametrize("mask", [masks.padding(torch.tensor([35, 12]), side="left"),
+                                  masks.causal() & masks.padding(torch.tensor([20, 35]), side="left"),
+                                  masks.padded(torch.tensor([21, 9]), torch.tensor([35, 12]), causal=True)],
+                         ids=["left", "causal&left", "padded"])
+def test_per_example_masks_with_a_per_example_bias(mask):
+    """Issue #17: left padding / per-sequence masks (host bitmaps whose rows broadcast) and a (B, H, L, S)
+    bias with gradient, each example its own schedule."""
+    b0 = torch.randn(2, 4, 21, 35, generator=torch.Generator().manual_seed(2))
+    errs = _grads_vs_gold(lambda b: b, [b0], mask)
+    for name, (cand, ref) in zip(["out", "dq", "dk", "dv", "dbias"], errs):
+        assert cand <= (2 if name == "out" else 3) * ref + 1e-6, f"{mask!r} {name}: {cand:.2e} vs {ref:.2e}"
+
+
 @pytest.mark.parametrize("which", ["alibi", "alibi-grad", "t5-grad"])
 def test_relative_biases(which):
     """ALiBi in-kernel (fixed slopes) or as a per-offset table (trainable slopes); T5 with its table's grad."""

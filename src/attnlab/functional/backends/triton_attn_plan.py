@@ -153,7 +153,8 @@ def _bitmaps(rest: Mask, nonempty: Tensor, L: int, S: int, bm: int, bn: int):
         r0, r1, c0, c1 = qt * bm, min(L, qt * bm + bm), kt * bn, min(S, kt * bn + bn)
         key = rest.block_key(r0, r1, c0, c1, L, S)
         if key is None or key not in seen:
-            blk = rest.block(r0, r1, c0, c1, L, S).cpu()     # (B|1, H|1, lr, lc) bool
+            blk = rest.block(r0, r1, c0, c1, L, S).cpu()     # (B|1, H|1, lr|1, lc|1) bool
+            blk = blk.expand(-1, -1, r1 - r0, c1 - c0)          # rows/keys may broadcast (left padding)
             blocks.append(torch.nn.functional.pad(blk.to(torch.uint8), (0, bn - (c1 - c0), 0, bm - (r1 - r0))))
             if key is not None:
                 seen[key] = len(blocks) - 1
