@@ -229,9 +229,11 @@ def claim_minilm_sat_award(ctx: VerifyContext) -> Claim:
                 f'{len(linked)} also specific both ways ({", ".join(f"L{l}H{h}" for l, h in linked) or "none"}); '
                 f'largest weight {b["weight"]:.2f} (L{b["layer"]}H{b["head"]})',
         figure=_plot_link(maps.tokens, link, shown),
-        notes=f'Heads with "award" on top of the "sat" row: {specs}. The largest weight is not the most specific '
-              f'link: L{b["layer"]}H{b["head"]} also gives "award" much of what the other words give it. '
-              "Layer 0 heads see token and position embeddings only (no context yet), so a layer-0 link is "
+        notes=f'Heads with "award" on top of the "sat" row: {specs}. '
+              + ("" if (b["layer"], b["head"]) in linked else
+                 f'The largest weight is not a specific link: in L{b["layer"]}H{b["head"]} the other words give '
+                 '"award" much of it too, or "sat" gives another word nearly as much. ')
+              + "Layer 0 heads see token and position embeddings only (no context yet), so a layer-0 link is "
               "lexical/positional rather than syntactic; the last layer's heads act on contextual vectors. "
               f'Controls, reported and not judged: the same per-head test (top, >= {MIN_LINK_WEIGHT}, both '
               f'specificities >= {MIN_SPECIFICITY}x) passes from "sat" to {len(controls["keys"])} of the '
