@@ -195,7 +195,10 @@ def _from_args(args: argparse.Namespace) -> EvoformerTask:
 
 
 def _from_checkpoint(ckpt) -> EvoformerTask:
-    info = ckpt.extra["data"]
+    info = ckpt.extra.get("data")
+    if not isinstance(info, dict) or info.get("name") != "pairs":
+        raise ValueError("the checkpoint is marked task 'evoformer' but has no contact-task data description "
+                         "(extra['data'] of name 'pairs'): it was not written by `attnlab train evoformer`")
     data = PairTaskConfig(**{f.name: info[f.name] for f in fields(PairTaskConfig) if f.name in info})
     return EvoformerTask(data, EvoformerConfig(**ckpt.model_config), eval_samples=info["eval_samples"])
 
