@@ -244,3 +244,17 @@ def test_gradient_only_for_inputs_that_need_it():
     (dv,) = torch.autograd.grad(out.sum(), (v,))
     (want,) = torch.autograd.grad(naive_linear(q, k, v, causal=True, scale=1.0).sum(), (v,))
     torch.testing.assert_close(dv, want)
+
+
+def test_complexity_bench_fits_the_causal_fwdbwd_series(tmp_path):
+    """The command that measures issue #14's alpha: linear on causal fwd+bwd, no head-to-head targets."""
+    import json
+    from attnlab.cli import main
+    path = tmp_path / "c.json"
+    assert main(["bench", "--complexity", "--backend", "linear", "--mask", "causal", "--mode", "fwdbwd",
+                 "--n", "128", "256", "--repeats", "1", "--no-memory", "--heads", "2", "--json", str(path)]) == 0
+    rep = json.loads(path.read_text())
+    assert rep["meta"]["config"]["mode"] == "fwdbwd" and rep["targets"] == {}
+    s = rep["series"]["linear"]
+    assert s["mask"] == "causal" and [p["n"] for p in s["points"]] == [128, 256]
+    assert math.isfinite(s["fit"]["alpha"])

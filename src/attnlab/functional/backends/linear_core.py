@@ -44,6 +44,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .reference import accum_dtype
 
@@ -212,6 +213,7 @@ class _CausalLinear(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable                   # the recompute's own graph is not kept: no double backward
     def backward(ctx, dout: Tensor):
         q, k, v, keep, *saved = ctx.saved_tensors
         starts, consts = saved[:ctx.nseg], (saved[ctx.nseg:] or [None] * ctx.nseg)
