@@ -37,7 +37,7 @@ hence (x_i, x_j), (x_i, t) and (x_j, t) are all independent. The contact shows o
 three columns, (x_i, t, x_j), and the tag sits at a different column in every sample. An outer
 product mean of per-column features (a joint histogram of two columns) cannot see it; a model must
 first move the tag into the residues' features, which in the Evoformer only row attention does
-(attending by content to the tag symbol). With the tag added to x_i, the rule is again a
+(attending by content to the tag symbol; the optional triangle updates see only two-column aggregates). With the tag added to x_i, the rule is again a
 one-to-one map between two columns, which the test of the pairwise rule can check (tests).
 
 Splits: the held-out split is the set of contact maps whose hash falls in the first
