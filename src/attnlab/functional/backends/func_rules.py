@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["vmap_by_loop", "KernelGrad", "none_if_empty"]
+__all__ = ["vmap_by_loop", "KernelGrad", "none_if_empty", "grads_in_input_dtypes"]
 
 
 def vmap_by_loop(apply: Callable, info, in_dims, args) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
@@ -43,6 +43,13 @@ def vmap_by_loop(apply: Callable, info, in_dims, args) -> tuple[tuple[Tensor, ..
         outs.append(res if isinstance(res, tuple) else (res,))
     stacked = tuple(torch.stack(list(col)) for col in zip(*outs))
     return stacked, (0,) * len(stacked)
+
+
+def grads_in_input_dtypes(dq, dk, dv, dbias, dparams, q, k, v, bias_t, params) -> tuple[Tensor, ...]:
+    """A kernel's gradients in its inputs' dtypes; an absent bias gradient as an empty tensor."""
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            dbias.to(bias_t.dtype) if dbias is not None else q.new_empty(0),
+            *[g.to(p.dtype) for g, p in zip(dparams, params)])
 
 
 def none_if_empty(t: Tensor):

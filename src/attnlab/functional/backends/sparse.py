@@ -29,7 +29,7 @@ from ..masks import EMPTY, Mask
 from ..patterns import BlockLayoutMask
 from ..registry import register_backend
 from ..request import Bias
-from .func_rules import KernelGrad, none_if_empty, vmap_by_loop
+from .func_rules import KernelGrad, grads_in_input_dtypes, none_if_empty, vmap_by_loop
 from .reference import accum_dtype
 from .sparse_layout import Chunk, Layout, SparseStats, chunk_allowed, make_layout
 
@@ -302,9 +302,7 @@ class _SparseAttention(torch.autograd.Function):
             dq, dk, dv, dbias, dparams = _backward(pb, out, lse, dout.to(q.dtype), want_bias)
             dq = dq.transpose(2, 3).reshape(B, H, -1, D)[:, :, :L]
             dk, dv = dk.reshape(B, Hkv, -1, D)[:, :, :S], dv.reshape(B, Hkv, -1, Dv)[:, :, :S]
-            return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                    dbias.to(bias_t.dtype) if dbias is not None else q.new_empty(0),
-                    *[g.to(p.dtype) for g, p in zip(dparams, params)])
+            return grads_in_input_dtypes(dq, dk, dv, dbias, dparams, q, k, v, bias_t, params)
 
         dq, dk, dv, dbias, *dparams = KernelGrad.apply(run, dout, q, k, v, bias_t, out, lse, *params)
         return (dq, dk, dv, none_if_empty(dbias), None, *dparams)

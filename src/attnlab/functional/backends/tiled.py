@@ -30,7 +30,7 @@ from ..dropout import keep_mask
 from ..masks import CausalMask, Mask
 from ..registry import register_backend
 from ..request import Bias
-from .func_rules import KernelGrad, none_if_empty, vmap_by_loop
+from .func_rules import KernelGrad, grads_in_input_dtypes, none_if_empty, vmap_by_loop
 from .reference import accum_dtype
 from .tiled_plan import Plan, RowTile, Span, TileStats, make_plan
 
@@ -342,11 +342,8 @@ class _TiledAttention(torch.autograd.Function):
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
 
         def run(dout5, q5, k, v, bias_t, out5, lse2, *params):
-            dq5, dk, dv, dbias, dparams = _backward(_problem(cfg, q5, k, v, bias_t, params), out5, lse2,
-                                                    dout5.contiguous(), want_bias)
-            return (dq5.to(q5.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                    dbias.to(bias_t.dtype) if dbias is not None else q5.new_empty(0),
-                    *[g.to(p.dtype) for g, p in zip(dparams, params)])
+            grads = _backward(_problem(cfg, q5, k, v, bias_t, params), out5, lse2, dout5.contiguous(), want_bias)
+            return grads_in_input_dtypes(*grads, q5, k, v, bias_t, params)
 
         dq5, dk, dv, dbias, *dparams = KernelGrad.apply(run, dout5, q5, k, v, bias_t, out5, lse2, *params)
         return (dq5, dk, dv, none_if_empty(dbias), None, *dparams)
