@@ -151,6 +151,7 @@ def test_varlen_is_flash_attention_alignment():
     lambda: masks.varlen(torch.tensor([0, 3]), torch.tensor([0, 1, 2])),
     lambda: masks.varlen(torch.tensor([0.0, 3.0])),
     lambda: masks.varlen(torch.tensor([0, 3]), window=(-1, 0)),
+    lambda: masks.varlen(torch.tensor([0, 3]), window=4),
     lambda: masks.padded(torch.tensor([1, 2]), torch.tensor([1])),
     lambda: masks.padded(torch.tensor([1, -2])),
     lambda: masks.padded(torch.tensor([1, 2]), side="top"),

@@ -48,6 +48,8 @@ def _int_tensor(x, name: str, dims: tuple[int, ...]) -> Tensor:
 def _window(causal: bool, window) -> tuple[Optional[int], Optional[int]]:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if window is not None and (not isinstance(window, (tuple, list)) or len(window) != 2):
+        raise ValueError(f"window={window!r}: pass window=(left, right), each a non-negative int or None")
     left, right = (None, None) if window is None else tuple(window)
     for name, val in (("left", left), ("right", right)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
