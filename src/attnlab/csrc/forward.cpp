@@ -64,7 +64,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
             mx = hmax(vmx);
             for (; j < e; ++j) mx = nan_max(mx, row[j]);
           }
-          const acc_t m_new = std::max(m[r], mx);
+          const acc_t m_new = nan_max(m[r], mx);
           if (m_new == ninf) { std::fill(row, row + nk, acc_t(0)); continue; }   // nothing allowed yet
           const acc_t corr = std::exp2(m[r] - m_new);                        // 0 when m was -inf
           m[r] = m_new;

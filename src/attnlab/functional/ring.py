@@ -37,7 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .backends import native
 from .backends.reference import accum_dtype
+from .masks import causal as causal_mask, dense as dense_mask
 from .ring_layout import check_layout, segments, shard, unshard
 
 __all__ = ["ring_attention", "shard", "unshard"]
@@ -68,13 +70,30 @@ def _scores(q5: Tensor, k: Tensor, allowed: Optional[Tensor], scale: float) -> T
     return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
 
 
-def _block_forward(q5: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], scale: float):
+def _native_mask(kp: Optional[Tensor], diagonal: bool):
+    """The block's mask as the compiled kernel takes it: key padding (dense) & causal (structured)."""
+    mask = None if kp is None else dense_mask(kp.bool()[:, None, None, :])     # (B, 1, 1, lk)
+    if diagonal:
+        mask = causal_mask() if mask is None else mask & causal_mask()
+    return mask
+
+
+def _use_native(q5: Tensor) -> bool:
+    return native.why_unavailable() is None and q5.device.type == "cpu" and q5.dtype in (torch.float32, torch.float64)
+
+
+def _block_forward(q5: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], scale: float, native_mask=None):
     """Attention of one query chunk over one key block: normalized (out, lse).
 
     q5: (B, Hkv, G, lq, D); k: (B, Hkv, lk, D); v: (B, Hkv, lk, Dv); allowed: bool
     (B|1, 1, 1, lq|1, lk) or None. Returns out (B, Hkv, G, lq, Dv) and lse (B, Hkv, G, lq);
-    rows that see no key get out 0 and lse -inf.
+    rows that see no key get out 0 and lse -inf. On the CPU the compiled kernel computes the
+    block in one call (``native_mask``: the same mask as a structured mask); the loop below is
+    the readable fallback.
     """
+    if native_mask is not False and _use_native(q5):
+        out, lse = native.native_forward(q5.flatten(1, 2), k, v, mask=native_mask, scale=scale)
+        return out.unflatten(1, q5.shape[1:3]), lse.unflatten(1, q5.shape[1:3])
     outs, lses = [], []
     for rs in _row_chunks(q5, k.shape[2]):
         s = _scores(q5[..., rs, :], k, _rows(allowed, rs), scale)       # (B, Hkv, G, r, lk)
@@ -96,13 +115,20 @@ def _merge(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor):
     return w1.unsqueeze(-1) * o1 + w2.unsqueeze(-1) * o2, lse
 
 
-def _block_backward(q5, k, v, do5, lse_inf, delta, allowed, scale):
+def _block_backward(q5, k, v, do5, lse_inf, delta, allowed, scale, native_mask=None):
     """Gradient contributions of one (query chunk, key block) pair from the saved LSE.
 
     lse_inf: (B, Hkv, G, lq) final LSE with +inf on empty rows (their P is exactly 0);
     delta: rowsum(dO * O), same shape. Returns dq5 (B, Hkv, G, lq, D), dk (B, Hkv, lk, D),
     dv (B, Hkv, lk, Dv); dk and dv are summed over the G query heads sharing a kv head.
+    On the CPU the compiled kernel's backward computes the block in one call.
     """
+    if native_mask is not False and _use_native(q5):
+        B, Hkv, G = q5.shape[:3]
+        lse = torch.where(lse_inf == float("inf"), float("-inf"), lse_inf)   # the kernel's empty-row mark
+        dq, dk, dv = native.native_block_backward(q5.flatten(1, 2), k, v, do5.flatten(1, 2), lse.flatten(1, 2),
+                                                  delta.flatten(1, 2), mask=native_mask, scale=scale)
+        return dq.unflatten(1, (Hkv, G)), dk, dv
     dq = torch.empty_like(q5)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for rs in _row_chunks(q5, k.shape[2]):
@@ -215,7 +241,8 @@ class _RingAttention(torch.autograd.Function):
             for qs, ks, diag in _pairs(ring.rank, src, ring.world, n, layout, causal):
                 qc = q5[..., qs, :]
                 allowed = _allowed(kpb, ks, qc.shape[-2], kb[:, :, ks].shape[2], diag, q.device)
-                o2, l2 = _block_forward(qc, kb[:, :, ks], vb[:, :, ks], allowed, scale)
+                nm = _native_mask(None if kpb is None else kpb[:, ks], diag)
+                o2, l2 = _block_forward(qc, kb[:, :, ks], vb[:, :, ks], allowed, scale, nm)
                 out[..., qs, :], lse[..., qs] = _merge(out[..., qs, :], lse[..., qs], o2, l2)
             if pending is not None:
                 block = pending()
@@ -247,8 +274,9 @@ class _RingAttention(torch.autograd.Function):
             dk, dv = torch.zeros_like(kb), torch.zeros_like(vb)
             for qs, ks, diag in _pairs(ring.rank, src, ring.world, n, layout, causal):
                 allowed = _allowed(kpb, ks, q5[..., qs, :].shape[-2], kb[:, :, ks].shape[2], diag, q.device)
+                nm = _native_mask(None if kpb is None else kpb[:, ks], diag)
                 dq_c, dk_c, dv_c = _block_backward(q5[..., qs, :], kb[:, :, ks], vb[:, :, ks], do5[..., qs, :],
-                                                   lse_inf[..., qs], delta[..., qs], allowed, scale)
+                                                   lse_inf[..., qs], delta[..., qs], allowed, scale, nm)
                 dq[..., qs, :] += dq_c
                 dk[:, :, ks] += dk_c
                 dv[:, :, ks] += dv_c

@@ -24,9 +24,10 @@ from ..bias import StructuredBias
 from ..masks import Mask, intersect_spans, parts
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
-from .reference import accum_dtype, dense_bias
+from .reference import accum_dtype, dense_bias, safe_softmax
 
-__all__ = ["native_attention", "native_forward", "info", "why_unavailable", "default_tiles"]
+__all__ = ["native_attention", "native_forward", "native_block_backward", "info", "why_unavailable",
+           "default_tiles"]
 
 try:
     from ... import _native
@@ -122,6 +123,15 @@ def bias_args(bias: Optional[Bias], q: Tensor, L: int, S: int) -> tuple[int, Opt
 # ---------------------------------------------------------------------------------------------
 # The custom ops: the kernel as torch sees it.
 
+def _no_grad(t: Optional[Tensor]) -> Optional[Tensor]:
+    """Detached if it requires grad (the ops' own generated autograd must never run; no double backward)."""
+    return t.detach() if t is not None and t.requires_grad else t
+
+
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return t if t is None else t.contiguous()
+
+
 def _last_contiguous(t: Tensor) -> Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
@@ -130,6 +140,7 @@ def _last_contiguous(t: Tensor) -> Tensor:
 def _fwd(q: Tensor, k: Tensor, v: Tensor, spans: Optional[Tensor], bits: Optional[Tensor], bias_kind: int,
          bias: Optional[Tensor], tW: int, tc0: int, scale: float, softcap: float, dropout_p: float, seed: int,
          block_q: int, block_k: int) -> tuple[Tensor, Tensor]:
+    spans, bits = _contiguous(spans), _contiguous(bits)
     out, lse = _native.forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
                                block_q, block_k)
     return out, lse
@@ -146,6 +157,7 @@ def _bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tens
          bits: Optional[Tensor], bias_kind: int, bias: Optional[Tensor], tW: int, tc0: int, scale: float,
          softcap: float, dropout_p: float, seed: int, block_q: int, block_k: int,
          want_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    lse, delta, spans, bits = _contiguous(lse), _contiguous(delta), _contiguous(spans), _contiguous(bits)
     dq, dk, dv, dbias = _native.backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale,
                                          softcap, dropout_p, seed, block_q, block_k, want_dbias)
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=dq.dtype)
@@ -166,32 +178,92 @@ def _(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, s
             q.new_empty(B, H, S, v.shape[3], dtype=acc), db)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, spans, bits, bias, out, lse)
-    ctx.args = (bias_kind, tW, tc0, scale, softcap, dropout_p, seed, bq, bk)
+def _fold(x: Optional[Tensor], d: Optional[int], n: int, B: int, broadcast_ok: bool) -> Optional[Tensor]:
+    """Fold a vmapped dim into the batch: (n at dim d, b0, ...) -> (n * B, ...).
+
+    Tensors whose batch may broadcast (mask spans/bits, biases, b0 == 1) stay unfolded when vmap
+    does not touch them; q, k, v (and unbatched per-example tensors) are repeated n times.
+    """
+    if x is None or x.dim() == 0 or (x.dim() == 1 and x.numel() == 0):
+        return x
+    if d is None:
+        if broadcast_ok and x.shape[0] == 1:
+            return x
+        return x.expand(n, *x.shape).reshape(n * x.shape[0], *x.shape[1:])
+    y = x.movedim(d, 0)                                            # (n, b0, ...)
+    if y.shape[1] == 1 and B > 1:
+        y = y.expand(n, B, *y.shape[2:])
+    return y.reshape(n * y.shape[1], *y.shape[2:])
 
 
-def _backward(ctx, dout, _dlse):
-    q, k, v, spans, bits, bias, out, lse = ctx.saved_tensors
-    bias_kind, tW, tc0, scale, softcap, dropout_p, seed, bq, bk = ctx.args
-    acc = accum_dtype(q.dtype)
-    delta = (dout.to(acc) * out.to(acc)).sum(-1)                     # (B, H, L) rowsum(dO o O)
-    want_dbias = bias is not None and ctx.needs_input_grad[6]
-    dq, dk, dv, dbias = _bwd(q, k, v, _last_contiguous(dout), lse, delta.contiguous(), spans, bits, bias_kind,
-                             bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk, want_dbias)
-    B, Hkv = k.shape[:2]
-    H = q.shape[1]
-    if H != Hkv:                                                     # sum each GQA group onto its kv head
-        dk = dk.unflatten(1, (Hkv, H // Hkv)).sum(2)
-        dv = dv.unflatten(1, (Hkv, H // Hkv)).sum(2)
-    db = dbias.sum_to_size(bias.shape).to(bias.dtype) if want_dbias else None
-    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, db,
-            None, None, None, None, None, None, None, None)
+def _batch_of(x: Tensor, d: Optional[int]) -> int:
+    return x.shape[0] if d is None else x.movedim(d, 0).shape[1]
 
 
-_fwd.register_autograd(_backward, setup_context=_setup_context)
+@_fwd.register_vmap
+def _fwd_vmap(info, in_dims, q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
+              block_q, block_k):
+    n, B = info.batch_size, _batch_of(q, in_dims[0])
+    qf, kf, vf = (_fold(t, d, n, B, False) for t, d in zip((q, k, v), in_dims[:3]))
+    sf, bf = _fold(spans, in_dims[3], n, B, True), _fold(bits, in_dims[4], n, B, True)
+    biasf = _fold(bias, in_dims[6], n, B, True)
+    out, lse = _fwd(qf, kf, vf, sf, bf, bias_kind, biasf, tW, tc0, scale, softcap, dropout_p, seed, block_q, block_k)
+    return (out.unflatten(0, (n, B)), lse.unflatten(0, (n, B))), (0, 0)
+
+
+@_bwd.register_vmap
+def _bwd_vmap(info, in_dims, q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
+              dropout_p, seed, block_q, block_k, want_dbias):
+    n, B = info.batch_size, _batch_of(q, in_dims[0])
+    folded = [_fold(t, d, n, B, False) for t, d in zip((q, k, v, dout, lse, delta), in_dims[:6])]
+    sf, bf = _fold(spans, in_dims[6], n, B, True), _fold(bits, in_dims[7], n, B, True)
+    biasf = _fold(bias, in_dims[9], n, B, True)
+    dq, dk, dv, db = _bwd(*folded, sf, bf, bias_kind, biasf, tW, tc0, scale, softcap, dropout_p, seed,
+                          block_q, block_k, want_dbias)
+    db_dim = 0 if db.numel() else None
+    return ((dq.unflatten(0, (n, B)), dk.unflatten(0, (n, B)), dv.unflatten(0, (n, B)),
+             db.unflatten(0, (n, B)) if db_dim == 0 else db), (0, 0, 0, db_dim))
+
+
+class _NativeAttention(torch.autograd.Function):
+    """Autograd around the two custom ops; forward/setup_context split and a generated vmap rule,
+    so torch.func (grad, vjp, jacrev, vmap) composes with it (the ops carry their own vmap rules)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, bias, spans, bits, args):
+        bias_kind, tW, tc0, scale, softcap, dropout_p, seed, bq, bk = args
+        # detached: the op's own (generated) autograd path must stay out of torch.func's way; this
+        # Function is the one autograd formula
+        q, k, v, bias = (_no_grad(t) for t in (q, k, v, bias))
+        return _fwd(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, bias, spans, bits, args = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, bias, spans, bits, out, lse)
+        ctx.args = args
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, bias, spans, bits, out, lse = ctx.saved_tensors
+        bias_kind, tW, tc0, scale, softcap, dropout_p, seed, bq, bk = ctx.args
+        acc = accum_dtype(q.dtype)
+        delta = (dout.to(acc) * out.to(acc)).sum(-1)                   # (B, H, L) rowsum(dO o O)
+        want_dbias = bias is not None and ctx.needs_input_grad[3]
+        q, k, v, bias, dout, delta = (_no_grad(t) for t in (q, k, v, bias, dout, delta))
+        dq, dk, dv, dbias = _bwd(q, k, v, _last_contiguous(dout), lse, delta, spans, bits, bias_kind, bias, tW, tc0,
+                                 scale, softcap, dropout_p, seed, bq, bk, want_dbias)
+        B, Hkv, S = k.shape[:3]
+        H = q.shape[1]
+        if H != Hkv:                                                   # sum each GQA group onto its kv head
+            dk = dk.reshape(B, Hkv, H // Hkv, S, -1).sum(2)
+            dv = dv.reshape(B, Hkv, H // Hkv, S, -1).sum(2)
+        db = dbias.sum_to_size(bias.shape).to(bias.dtype) if want_dbias else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), db, None, None, None
 
 
 def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias: Optional[Bias] = None,
@@ -208,9 +280,29 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     dq, dk = default_tiles(q.dtype, mask, L, S)
     spans, bits = mask_args(mask, L, S)
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
-    return _fwd(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), spans, bits, kind, bias_t, tW, tc0,
-                float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
-                int(block_q or dq), int(block_k or dk))
+    args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
+            int(block_q or dq), int(block_k or dk))
+    return _NativeAttention.apply(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), bias_t, spans, bits,
+                                  args)
+
+
+def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, *,
+                          mask: Optional[Mask], scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One block's share of the gradients given the FINAL row statistics (ring attention's backward).
+
+    q, dout: (B, H, L, D|Dv); k, v: (B, Hkv, S, D|Dv); lse, delta: (B, H, L) natural LSE of the whole
+    row (-inf: a row with nothing to attend to) and rowsum(dO o O). Returns dq (B, H, L, D) and
+    dk, dv summed over each GQA group (B, Hkv, S, D|Dv), in the accumulation dtype.
+    """
+    L, S = q.shape[2], k.shape[2]
+    bq, bk = default_tiles(q.dtype, mask, L, S)
+    spans, bits = mask_args(mask, L, S)
+    dq, dk, dv, _ = _bwd(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), _last_contiguous(dout),
+                         lse.to(accum_dtype(q.dtype)), delta.to(accum_dtype(q.dtype)), spans, bits, 0, None, 0, 0,
+                         float(scale), 0.0, 0.0, 0, bq, bk, False)
+    B, Hkv = k.shape[:2]
+    H = q.shape[1]
+    return dq, dk.reshape(B, Hkv, H // Hkv, S, -1).sum(2), dv.reshape(B, Hkv, H // Hkv, S, -1).sum(2)
 
 
 def _unsupported(req: AttentionRequest) -> Optional[str]:
@@ -242,7 +334,7 @@ def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
         mask, bias, scale, softcap, dropout_p, dropout_seed, return_weights: as for the reference backend.
         block_q, block_k: tile sizes (defaults: ``default_tiles``).
     Returns:
-        out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights, recomputed from the LSE.
+        out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights (the reference's softmax of the same logits).
     Example:
         q, k, v = (torch.randn(1, 8, 8192, 64) for _ in range(3))
         out = native_attention(q, k, v, mask=masks.window(256, 0), scale=0.125)
@@ -252,12 +344,16 @@ def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     if not return_weights:
         return out
     with torch.no_grad():
-        w = _weights(q, k, mask, bias, scale, softcap, lse)
+        w = _weights(q, k, mask, bias, scale, softcap)
     return out, w
 
 
-def _weights(q, k, mask, bias, scale, softcap, lse) -> Tensor:
-    """(B, H, L, S) weights exp(logits - lse), normalized by the kernel's own LSE (0 on empty rows)."""
+def _weights(q, k, mask, bias, scale, softcap) -> Tensor:
+    """(B, H, L, S) weights: the reference's softmax of the same logits (0 on empty rows).
+
+    Computed from the logits rather than as exp(logits - lse): the kernel's base-2 LSE is exact to
+    an ulp of its magnitude, which exp() would turn into a relative error of ~1e-6 on every weight.
+    """
     acc = accum_dtype(q.dtype)
     H, Hkv, L, S = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     kk = k.to(acc).repeat_interleave(H // Hkv, dim=1)                 # (B, H, S, D)
@@ -269,5 +365,4 @@ def _weights(q, k, mask, bias, scale, softcap, lse) -> Tensor:
         s = s + b.to(acc)
     if mask is not None:
         s = s.masked_fill(~mask.dense(L, S).to(s.device), float("-inf"))
-    lse = torch.where(lse == float("-inf"), float("inf"), lse)         # empty rows: exp(-inf) = 0
-    return torch.exp(s - lse[..., None])
+    return safe_softmax(s)

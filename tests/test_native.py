@@ -1,0 +1,202 @@
+"""The compiled kernel's own guarantees (the shared conformance suite runs it too, via helpers.CANDIDATES):
+it is built, its backward is exact (gradcheck), its mask and bias forms match the reference, it never reads
+what a mask rules out, and it behaves as a torch op (compile, func)."""
+from functools import partial
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.functional import FunctionBias, masks
+from attnlab.functional.backends import native
+from attnlab.functional.backends.native import mask_args, native_attention, native_forward, pack_bits
+from attnlab.functional.backends.reference import reference_attention
+from attnlab.positional import ALiBi, ShawRelative, T5Bias
+
+small = partial(native_attention, block_q=4, block_k=8)     # tiny tiles: every row kind and chunk edge
+
+
+def leaves(*shapes, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=dtype, requires_grad=True) for s in shapes]
+
+
+def test_the_kernel_is_built_here():
+    """make test must build the extension: a missing build fails here instead of skipping everything."""
+    assert native.why_unavailable() is None, native.why_unavailable()
+    assert "native" in al.available_backends()
+    assert "at::vec" in native.info()
+
+
+ALL_MASKS = {
+    "causal": lambda: masks.causal(),
+    "window": lambda: masks.window(3, 1),
+    "padding": lambda: masks.padding(torch.tensor([11, 4])),
+    "padding_left": lambda: masks.padding(torch.tensor([11, 4]), side="left"),
+    "documents": lambda: masks.documents(torch.tensor([0] * 5 + [1] * 2 + [2] * 4)),
+    "documents_scattered": lambda: masks.documents(torch.tensor([0, 1] * 5 + [0])),
+    "dense": lambda: masks.dense(torch.rand(2, 1, 9, 11, generator=torch.Generator().manual_seed(1)) > 0.5),
+    "causal&padding&dense": lambda: masks.causal() & masks.padding(torch.tensor([11, 6]))
+    & masks.dense(torch.rand(1, 4, 9, 11, generator=torch.Generator().manual_seed(2)) > 0.3),
+    "strided": lambda: masks.strided(3),
+    "bigbird": lambda: masks.bigbird(2, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(ALL_MASKS))
+def test_mask_forms_equal_the_dense_mask(name):
+    """spans (intersected) AND bits, read the way the kernel reads them, give back exactly dense()."""
+    mask, L, S = ALL_MASKS[name](), 9, 11
+    spans, bits = mask_args(mask, L, S)
+    allowed = torch.ones(1, 1, L, S, dtype=torch.bool)
+    j = torch.arange(S)
+    if spans is not None:
+        allowed = allowed & ((j >= spans[..., 0:1]) & (j < spans[..., 1:2])).any(-2)[:, None]
+    if bits is not None:
+        unpacked = (bits[..., j // 64] >> (j % 64)) & 1                       # (Bb, Hb, L, S)
+        allowed = allowed & unpacked.bool()
+    want = mask.dense(L, S)
+    assert torch.equal(*torch.broadcast_tensors(allowed, want)), name
+
+
+def test_pack_bits_round_trip_across_word_edges():
+    m = torch.rand(2, 3, 5, 130, generator=torch.Generator().manual_seed(0)) > 0.5
+    words = pack_bits(m)                                                       # (2, 3, 5, 3)
+    j = torch.arange(130)
+    assert torch.equal(((words[..., j // 64] >> (j % 64)) & 1).bool(), m)
+
+
+@pytest.mark.parametrize("mask", [None, masks.causal(), masks.window(2, 1) & masks.padding([9, 4]),
+                                  masks.dense(torch.rand(1, 4, 9, 11, generator=torch.Generator().manual_seed(5)) > 0.3)],
+                         ids=["none", "causal", "window&padding", "dense"])
+def test_gradcheck_with_a_tensor_bias(mask):
+    q, k, v, bias = leaves((2, 4, 9, 5), (2, 2, 11, 5), (2, 2, 11, 3), (1, 4, 9, 11))
+    fn = lambda q, k, v, bias: small(q, k, v, mask=mask, bias=bias, scale=0.4)
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+def test_gradcheck_table_bias_softcap_and_dropout():
+    q, k, v = leaves((1, 2, 7, 4), (1, 1, 8, 4), (1, 1, 8, 4))
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    from attnlab.positional.alibi import AlibiBias
+    fn = lambda q, k, v, s: small(q, k, v, mask=masks.causal(), bias=AlibiBias(s), scale=0.5, softcap=1.5,
+                                  dropout_p=0.3, dropout_seed=123)
+    assert torch.autograd.gradcheck(fn, (q, k, v, slopes))
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw"])
+@pytest.mark.parametrize("LS", [(13, 13), (5, 13), (13, 6)])
+def test_relative_biases_read_from_tables_equal_the_reference(scheme, LS):
+    """ALiBi / T5 as per-offset tables, Shaw's key term as per-row tables: values and parameter gradients."""
+    L, S = LS
+    q, k, v = leaves((2, 4, L, 8), (2, 4, S, 8), (2, 4, S, 8))
+    torch.manual_seed(0)
+    if scheme == "alibi":
+        module = ALiBi(4).double()
+        bias_of = lambda q: module.bias()
+    elif scheme == "t5":
+        module = T5Bias(4, bidirectional=True, num_buckets=8, max_distance=6).double()
+        bias_of = lambda q: module.bias()
+    else:
+        module = ShawRelative(8, max_distance=3, values=False).double()
+        bias_of = lambda q: module.bias(q, L, S, scale=0.3)
+    params = [p for p in module.parameters() if p.requires_grad]
+    results = []
+    for fn in (small, reference_attention):
+        out = fn(q, k, v, mask=masks.causal(), bias=bias_of(q), scale=0.3)
+        results.append([out] + list(torch.autograd.grad((out * out).sum(), [q, k, v] + params)))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-10), f"{(a - b).abs().max().item():.2e}"
+
+
+def test_a_function_bias_without_a_table_is_refused_by_name():
+    q, k, v = leaves((1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4))
+    bias = FunctionBias(lambda i, j, s: s * (i * j), torch.tensor(0.1))
+    with pytest.raises(ValueError, match="native.*table.*tiled"):
+        al.attention(q, k, v, bias=bias, backend="native")
+
+
+def test_dropout_matches_the_reference_for_the_same_seed():
+    q, k, v = leaves((2, 4, 33, 8), (2, 2, 33, 8), (2, 2, 33, 8))
+    kw = dict(mask=masks.causal(), scale=0.3, dropout_p=0.25, dropout_seed=7)
+    out, ref = small(q, k, v, **kw), reference_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(out, small(q, k, v, **{**kw, "dropout_seed": 8}))
+
+
+def test_nan_in_keys_the_mask_rules_out_never_reaches_the_output():
+    """NaN keys and values in the tiles a mask rules out: the kernel must never read them."""
+    q, k, v = (t.detach() for t in leaves((1, 2, 64, 8), (1, 2, 64, 8), (1, 2, 64, 8), dtype=torch.float32))
+    k[:, :, :20], v[:, :, :20] = float("nan"), float("nan")    # query tiles from row 32 never see keys < 24
+    mask = masks.window(8, 0)
+    out = native_attention(q, k, v, mask=mask, scale=0.3, block_q=8, block_k=16)
+    ref = reference_attention(q[:, :, 32:], k[:, :, 24:], v[:, :, 24:], mask=mask, scale=0.3)
+    assert torch.isfinite(out[:, :, 32:]).all()
+    torch.testing.assert_close(out[:, :, 32:], ref)
+
+
+def test_nan_in_q_gives_nan_in_the_same_rows_as_the_reference():
+    q, k, v = (t.detach() for t in leaves((1, 2, 6, 4), (1, 2, 6, 4), (1, 2, 6, 4), dtype=torch.float32))
+    q[0, 1, 3, 2] = float("nan")
+    out = native_attention(q, k, v, mask=masks.causal(), scale=0.5)
+    ref = reference_attention(q, k, v, mask=masks.causal(), scale=0.5)
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
+
+
+def test_rows_with_nothing_to_attend_to_and_their_lse():
+    q, k, v = leaves((1, 2, 7, 4), (1, 2, 3, 4), (1, 2, 3, 4))
+    out, lse = native_forward(q, k, v, mask=masks.causal(), scale=0.5)         # L > S: rows 0-3 see nothing
+    assert (out[:, :, :4] == 0).all() and (lse[:, :, :4] == float("-inf")).all()
+    torch.autograd.grad(out.sum(), (q, k, v))
+    logits = (0.5 * q @ k.transpose(-1, -2)).masked_fill(~masks.causal().dense(7, 3), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(logits, -1))
+
+
+def test_return_weights_are_the_reference_weights():
+    q, k, v = leaves((2, 4, 9, 8), (2, 2, 11, 8), (2, 2, 11, 8))
+    mask = masks.window(2, 2) & masks.padding([11, 3])
+    _, w = small(q, k, v, mask=mask, scale=0.4, return_weights=True, softcap=2.0)
+    _, w_ref = reference_attention(q, k, v, mask=mask, scale=0.4, return_weights=True, softcap=2.0)
+    torch.testing.assert_close(w, w_ref)
+
+
+def test_strided_views_run_without_a_copy_and_agree():
+    """(B, L, H, D) storage viewed as (B, H, L, D): only the last dim needs stride 1."""
+    x = torch.randn(2, 33, 4, 16)
+    q = x.transpose(1, 2)                                                      # non-contiguous view
+    out = native_attention(q, q, q, mask=masks.causal(), scale=0.25, block_q=8, block_k=16)
+    torch.testing.assert_close(out, reference_attention(q, q, q, mask=masks.causal(), scale=0.25))
+
+
+def test_gqa_gradients_sum_over_each_group():
+    q, k, v = leaves((1, 6, 10, 4), (1, 2, 10, 4), (1, 2, 10, 4))
+    assert torch.autograd.gradcheck(lambda q, k, v: small(q, k, v, mask=masks.causal(), scale=0.5), (q, k, v))
+
+
+def test_auto_and_explain_name_it():
+    q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
+    why = al.explain(q, k, v, mask=masks.window(64, 0))
+    assert "native" in why
+
+
+def test_compiles_as_one_graph_and_works_under_torch_func():
+    q, k, v = leaves((1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4))
+    fn = lambda q, k, v: al.attention(q, k, v, mask=masks.window(3, 0), backend="native")
+    compiled = torch.compile(fn, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
+    g = torch.func.grad(lambda q: fn(q, k, v).sum())(q)
+    torch.testing.assert_close(g, torch.autograd.grad(fn(q, k, v).sum(), q)[0])
+    batched = torch.func.vmap(lambda q: fn(q, k, v))(q.detach().expand(3, *q.shape).clone())
+    torch.testing.assert_close(batched[1], fn(q, k, v))
+
+
+def test_jacrev_and_batched_gradcheck():
+    q, k, v = leaves((1, 2, 5, 3), (1, 1, 6, 3), (1, 1, 6, 2))
+    fn = lambda q, k, v: small(q, k, v, mask=masks.causal(), scale=0.5)
+    jac = torch.func.jacrev(fn)(q, k, v)                                      # (out shape) + (q shape)
+    ref = torch.autograd.functional.jacobian(lambda q: reference_attention(q, k, v, mask=masks.causal(), scale=0.5), q)
+    torch.testing.assert_close(jac, ref)
+    assert torch.autograd.gradcheck(fn, (q, k, v), check_batched_grad=True)
