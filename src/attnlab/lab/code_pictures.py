@@ -73,11 +73,11 @@ def show_code(checkpoint, text: Optional[str] = None, *, out: str = "runs/show",
             raise ValueError(f"the code has no {noun} to draw; give --text code that has some")
         layer, head = best_head(stats, score)
         s = head_summary(stats, layer, head)
-        result = (f"held-out bracket accuracy {s['bracket_accuracy']:.2f}" if what == "brackets" else
-                  f"held-out weight on the definition {s['defuse_weight']:.2f} vs {s['defuse_control']:.2f} control")
+        result = (f"select-half bracket accuracy {s['bracket_accuracy']:.2f}" if what == "brackets" else
+                  f"select-half weight on the definition {s['defuse_weight']:.2f} vs {s['defuse_control']:.2f}")
         sub = W[layer, head][np.ix_(rows, cols)]                                   # (rows, cols)
         mark = [(rows.index(q), cols.index(k)) for k, q in marks if q in rows and k in cols]
         fig = plot_head(sub, [_label(tok, ids, r) for r in rows], [_label(tok, ids, c) for c in cols], mark=mark,
-                        title=f"{what} head: layer {layer} head {head} ({result}); red = the true match")
+                        title=f"{what} head: layer {layer} head {head}\n{result}\nred: the true match")
         written.append(save(fig, Path(out) / f"{stem}-{what}-L{layer}H{head}.{fmt}"))
     return written
