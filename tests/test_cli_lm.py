@@ -145,10 +145,9 @@ def test_resume_defaults_to_the_checkpoints_own_directory(tmp_path, monkeypatch,
     assert main(["train", "gpt", "--data", "code.txt", "--steps", "2", "--out", "runA", *TRAIN]) == 0
     moved = tmp_path / "elsewhere" / "runB"
     moved.parent.mkdir()
-    (tmp_path / "runA").rename(moved)                                        # stored out_dir "runA" is gone
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    assert main(["train", "gpt", "--resume", str(moved / "step-000002"), "--steps", "3", *TRAIN[-1:]]) == 0
-    assert (moved / "step-000003").is_dir() and not (tmp_path / "elsewhere" / "runA").exists()
+    (tmp_path / "runA").rename(moved)          # the stored out_dir "runA" (relative to the cwd) is gone
+    assert main(["train", "gpt", "--resume", "elsewhere/runB/step-000002", "--steps", "3", *TRAIN[-1:]]) == 0
+    assert (moved / "step-000003").is_dir() and not (tmp_path / "runA").exists()
     assert main(["train", "gpt", "--resume", "--steps", "4", *TRAIN[-1:]]) == 2
     assert "--resume needs the run to continue" in capsys.readouterr().err
 
