@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/attnlab bench
 
 clean:
-	rm -rf $(VENV) bench-results
+	rm -rf $(VENV) bench-results node_modules

@@ -120,8 +120,8 @@ def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
     assert "auto -> sdpa" in al.explain(q, k, v)
     assert "auto -> sdpa" in al.explain(q, k, v, causal=True)
     text = al.explain(q, k, v, mask=al.masks.window(64, 64))
-    assert "auto -> tiled" in text and "not sdpa" in text and "not reference" in text
-    assert "auto -> tiled" in al.explain(q, k, v, bias=torch.zeros(1024, 1024))
+    assert "auto -> native" in text and "not sdpa" in text and "not reference" in text
+    assert "auto -> native" in al.explain(q, k, v, bias=torch.zeros(1024, 1024))
     small = [t[:, :, :256] for t in (q, k, v)]
     assert "auto -> sdpa" in al.explain(*small, mask=al.masks.window(64, 64))
 
@@ -159,7 +159,7 @@ def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
     assert "auto -> sdpa" in al.explain(q, k, v, mask=torch.rand(1024, 1024) > 0.5)
     block_sparse = torch.zeros(1024, 1024, dtype=torch.bool)
     block_sparse[:512, :512] = True
-    assert "auto -> tiled" in al.explain(q, k, v, mask=block_sparse)
+    assert "auto -> native" in al.explain(q, k, v, mask=block_sparse)
 
 
 def test_auto_picks_tiled_for_large_bf16_inference_only():

@@ -309,9 +309,12 @@ def test_cli_errors(tmp_path, capsys, argv, message):
 def test_cli_checkpoint_errors(tmp_path, capsys):
     assert _show(["--checkpoint", str(tmp_path / "missing"), "--text", "hi"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    _tiny_gpt_checkpoint(tmp_path / "evo", task="evoformer")      # a kind show has no renderer for
+    _tiny_gpt_checkpoint(tmp_path / "evo", task="no-such-kind")   # a kind show has no renderer for
     assert _show(["--checkpoint", str(tmp_path / "evo"), "--text", "hi"]) == 2
-    assert "checkpoint kind 'evoformer' is not supported yet" in capsys.readouterr().err
+    assert "checkpoint kind 'no-such-kind' is not supported yet" in capsys.readouterr().err
+    _tiny_gpt_checkpoint(tmp_path / "evo2", task="evoformer")     # a GPT marked evoformer: an error, no traceback
+    assert _show(["--checkpoint", str(tmp_path / "evo2"), "--text", "hi"]) == 2
+    assert "not written by `attnlab train evoformer`" in capsys.readouterr().err
     _tiny_gpt_checkpoint(tmp_path / "bad", positional="bogus")  # verifies, but cannot build a GPT
     assert _show(["--checkpoint", str(tmp_path / "bad"), "--text", "hi"]) == 2
     assert "could not be loaded" in capsys.readouterr().err

@@ -143,9 +143,9 @@ def test_auto_picks_sparse_only_for_large_block_layouts():
     pick = lambda q, m, **kw: al.explain(q, q, q, mask=m, **kw).splitlines()[1]
     assert pick(big, masks.bigbird(64, 3)).startswith("auto -> sparse")
     assert pick(big, masks.block_sparse(torch.eye(128, dtype=torch.bool), 64) & masks.causal()).startswith("auto -> sparse")
-    assert pick(big, masks.window(128, 128)).startswith("auto -> tiled")          # bands: tiled measured faster
-    assert pick(small, masks.bigbird(64, 3)).startswith("auto -> tiled")          # below the measured crossover
-    assert pick(big, masks.bigbird(64, 3), bias=torch.zeros(1, 1, 1, 8192)).startswith("auto -> tiled")
+    assert pick(big, masks.window(128, 128)).startswith("auto -> native")         # bands: the kernels measured faster
+    assert pick(small, masks.bigbird(64, 3)).startswith("auto -> native")          # below the measured crossover
+    assert pick(big, masks.bigbird(64, 3), bias=torch.zeros(1, 1, 1, 8192)).startswith("auto -> native")
 
 
 def test_per_head_block_layout_with_gqa():

@@ -15,8 +15,8 @@ import torch
 
 from attnlab.functional import FunctionBias, attention, masks
 
-EXACT = ["reference", "sdpa", "tiled", "sparse"]
-FULLGRAPH = {"reference", "sdpa"}          # tiled/sparse: graph breaks around their Python tile schedule
+EXACT = ["reference", "sdpa", "tiled", "sparse", "native"]
+FULLGRAPH = {"reference", "sdpa", "native"}   # tiled/sparse: graph breaks around their Python tile schedule
 
 
 def rand(*shape, seed=0, dtype=torch.float64):
@@ -84,7 +84,7 @@ def test_func_grad_vmap_jacrev(backend):
 SLOW_SPARSE = pytest.param("sparse", marks=pytest.mark.slow)   # ~1 min of small calls on 2 busy cores
 
 
-@pytest.mark.parametrize("backend", ["reference", "tiled", SLOW_SPARSE])
+@pytest.mark.parametrize("backend", ["reference", "tiled", "native", SLOW_SPARSE])
 def test_batched_gradcheck(backend):
     q, k, v, bias = inputs(L=4, S=5)
     kw = request(backend, S=5)

@@ -7,6 +7,7 @@
     attnlab bench --complexity [--quick]          # time and memory vs n up to 256k, fitted n^alpha, PNG plots
     attnlab bench --favor-accuracy [--quick]      # FAVOR+ error vs number of random features, PNG plot
     attnlab bench --minilm [--quick]              # all-MiniLM-L6-v2 forward: attnlab backends vs transformers
+    attnlab bench --hf [--quick]                  # tiny HF Llama, packed documents n=8192: attnlab vs its sdpa
     attnlab bench --lm [--quick]                  # GPT training tokens/s vs nanoGPT; KV-cache generation
     attnlab bench --device cuda [--quick]         # on a GPU: the triton kernel vs SDPA flash and FlexAttention
 
@@ -21,7 +22,7 @@ import sys
 import time
 from typing import Callable, Optional
 
-from .cli_util import fail
+from .cli_util import EXIT_INTERRUPTED, fail
 
 from .functional import available_backends
 
@@ -33,6 +34,7 @@ DEFAULT_COMPLEXITY_JSON = "bench-results/complexity.json"
 DEFAULT_ACCURACY_JSON = "bench-results/favor-accuracy.json"
 DEFAULT_MINILM_JSON = "bench-results/minilm.json"
 DEFAULT_LM_JSON = "bench-results/lm.json"
+DEFAULT_HF_JSON = "bench-results/hf.json"
 
 
 def _bench_config(args: argparse.Namespace):
@@ -51,6 +53,7 @@ def _bench_config(args: argparse.Namespace):
         cfg.fwdbwd_max_n = None           # sizes or modes chosen explicitly: run all of them
     if args.memory is not None:
         cfg.memory = cfg.memory_sample = args.memory
+    cfg.contention = args.contention
     if args.flex is not None:
         cfg.flex = args.flex
         if args.flex:
@@ -75,6 +78,10 @@ def _complexity(args: argparse.Namespace):
         cfg.long_n = []                   # sizes chosen explicitly: exactly those, for every series
     if args.backend is not None:
         cfg.series = args.backend         # a subset of the series (names of SERIES)
+    if args.mask is not None or args.mode is not None:
+        # e.g. --backend linear --mask causal --mode fwdbwd: the series on that case; the fixed
+        # head-to-head targets (their own masks and modes) are left out
+        cfg.mask, cfg.mode, cfg.targets = (args.mask or [None])[0], (args.mode or ["fwd"])[0], False
     report = run_complexity(cfg, args.argv)
     path = args.json or DEFAULT_COMPLEXITY_JSON
     return report, format_complexity(report), path, plot_complexity(report, path.removesuffix(".json"))
@@ -114,7 +121,41 @@ def _minilm(args: argparse.Namespace):
     return report, format_minilm(report), args.json or DEFAULT_MINILM_JSON, []
 
 
+def _hf(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--hf``: its defaults, --quick, then --n/--docs/--batch/--backend/--repeats."""
+    from .bench.hf import HF_QUICK, HFBenchConfig, format_hf, run_hf
+    given = {"n": args.n, "docs": args.docs, "batch": args.batch, "backends": args.backend, "repeats": args.repeats}
+    cfg = HFBenchConfig(**{**(HF_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
+    report = run_hf(cfg, args.argv)
+    return report, format_hf(report), args.json or DEFAULT_HF_JSON, []
+
+
+def _bench_modes(args: argparse.Namespace) -> list[str]:
+    """The flags of the benchmarks other than the kernel table that were asked for (at most one may be)."""
+    return [flag for flag, on in (("--device cuda", args.device == "cuda"), ("--minilm", args.minilm), ("--lm", args.lm),
+                                  ("--hf", args.hf), ("--complexity", args.complexity),
+                                  ("--favor-accuracy", args.favor_accuracy), ("--memory-scaling", args.memory_scaling))
+            if on]
+
+
+def _bench_usage(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the options before anything runs: two modes at once, or a size that is not positive."""
+    modes = _bench_modes(args)
+    if len(modes) > 1:
+        return f"{' and '.join(modes)} are separate benchmarks: give one of them per run"
+    for flag, value in (("--n", args.n), ("--batch", args.batch), ("--heads", args.heads),
+                        ("--head-dim", args.head_dim), ("--window", args.window), ("--docs", args.docs),
+                        ("--repeats", args.repeats)):
+        values = value if isinstance(value, list) else [value]
+        if any(v is not None and v < 1 for v in values):
+            return f"{flag} must be >= 1, got {' '.join(map(str, values))}"
+    return None
+
+
 def _run_bench(args: argparse.Namespace) -> int:
+    problem = _bench_usage(args)
+    if problem is not None:
+        return fail(problem)
     try:
         return _bench(args)
     except ValueError as e:                       # bad options or a missing device: a message, not a traceback
@@ -127,6 +168,10 @@ def _bench(args: argparse.Namespace) -> int:
     argv = args.argv
     t0 = time.perf_counter()
     plots: list[str] = []
+    other = _bench_modes(args)
+    if args.contention and other:
+        raise ValueError(f"--contention times the kernel bench's cases (--n, --mask, --mode, --dtype, --backend); "
+                         f"it does not apply to {other[0]}: drop one of the two")
     if args.device == "cuda":
         from .bench.gpu import from_cli
         report, text, path, plots = from_cli(args)
@@ -134,6 +179,8 @@ def _bench(args: argparse.Namespace) -> int:
         report, text, path, plots = _minilm(args)
     elif args.lm:
         report, text, path, plots = _lm(args)
+    elif args.hf:
+        report, text, path, plots = _hf(args)
     elif args.complexity or args.favor_accuracy:
         report, text, path, plots = (_complexity if args.complexity else _favor_accuracy)(args)
     elif args.memory_scaling:
@@ -161,7 +208,7 @@ def _add_bench(sub) -> None:
                     "% of this machine's measured GEMM peak, speed-up vs torch SDPA and flex, peak memory.",
         epilog="mask kinds:\n" + "\n".join(f"  {k:<10} {v}" for k, v in MASK_KINDS.items()))
     b.add_argument("--quick", action="store_true",
-                   help="about one minute: n 1024 4096, float32 fwd, masks none causal window documents, "
+                   help="~30 s on an idle machine: n 1024 4096, float32 fwd, masks none causal window documents, "
                         "flex for one case")
     b.add_argument("--n", nargs="+", type=int, metavar="N",
                    help="sequence lengths (default 1024 4096 8192, fwd+bwd only up to 4096)")
@@ -190,8 +237,11 @@ def _add_bench(sub) -> None:
                         "power-law fits and the ratio at 32768")
     b.add_argument("--complexity", action="store_true",
                    help="instead of timing cases: time and peak memory vs n (1k-64k, 256k for sparse and linear) "
-                        "for reference, sdpa, tiled, sparse, linear; fitted n^alpha; PNG plots; the issue #4 "
-                        "targets (--quick: under a minute, small n)")
+                        "for reference, sdpa, tiled, sparse, linear; fitted n^alpha; PNG plots; then two head-to-"
+                        "heads: causal fwd+bwd of linear vs tiled at n = 65536, and the sparse window forward vs "
+                        "torch SDPA with the same dense mask at n = 16384 (--quick: under a minute, small n); "
+                        "--backend picks series, --mask/--mode put every series on that case (then no head-to-heads), "
+                        "e.g. --backend linear --mask causal --mode fwdbwd")
     b.add_argument("--favor-accuracy", action="store_true",
                    help="instead of timing: FAVOR+ relative error vs exact softmax for m = 16..1024 random "
                         "features (several seeds), elu+1 as a reference line; table and PNG plot")
@@ -203,6 +253,13 @@ def _add_bench(sub) -> None:
                    help="instead of kernels: the real all-MiniLM-L6-v2 forward (B=32 L=128 and B=8 L=256, padded) "
                         "for attnlab's Encoder on auto and every exact backend vs transformers' BertModel (sdpa); "
                         f"--n, --batch, --backend, --repeats apply; JSON: {DEFAULT_MINILM_JSON}")
+    b.add_argument("--hf", action="store_true",
+                   help="instead of kernels: a tiny random Hugging Face Llama (GQA) forward on one row of n = 8192 "
+                        "tokens in 8 packed documents, attn_implementation='attnlab' vs transformers' 'sdpa' "
+                        f"(--quick: n = 1024); --n, --docs, --batch, --backend, --repeats apply; JSON: {DEFAULT_HF_JSON}")
+    b.add_argument("--contention", action="store_true",
+                   help="also time every contestant beside a busy process pinned to one core (started before, "
+                        "killed after each case's contended runs); adds busy ms and the slowdown x busy per row")
     b.add_argument("--run-budget-s", type=float,
                    help="--complexity: skip a point whose single run is predicted above this (default 30)")
     b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
@@ -246,5 +303,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     logger.setLevel(logging.INFO)
     try:
         return args.run(args)
+    except KeyboardInterrupt:            # Ctrl-C outside a command's own handling: a line, not a traceback
+        print("\nattnlab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         logger.removeHandler(handler)    # main() may be called again in-process (tests)

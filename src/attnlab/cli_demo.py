@@ -110,6 +110,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     print(f"attention maps:  {out / 'maps'}")
     print(f"trained GPT:     {gpt}   (attnlab generate {gpt} --prompt 'The ')")
     print("web lab:         attnlab serve   (from this directory; then open http://127.0.0.1:8000/)")
+    print("lesson:          http://127.0.0.1:8000/lesson   (same server: self-attention with Python in the page)")
     return 0 if passed == len(result.claims) else 1
 
 

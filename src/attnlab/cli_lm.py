@@ -64,10 +64,11 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from .data.tokenization import IncrementalDecoder
-    from .train import CheckpointError, load_gpt
+    from .tasks.code_models import load_language_model
+    from .train import CheckpointError
     try:
         _check_sampling(args)
-        model, tok = load_gpt(args.checkpoint)
+        model, tok = load_language_model(args.checkpoint)          # a GPT, or the code task's LSTM baseline
         ids = tok.encode(args.prompt)
         if len(ids) > model.cfg.block_size:
             print(f"warning: the prompt is {len(ids)} tokens, the context holds {model.cfg.block_size}: "

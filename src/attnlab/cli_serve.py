@@ -45,6 +45,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         return fail(f"port {args.port} on 127.0.0.1 is in use; pick another with --port")
     app = create_app() if args.max_chars is None else create_app(max_chars=args.max_chars)
     print(f"attnlab lab at http://127.0.0.1:{args.port}/  (Ctrl-C stops it)", flush=True)
+    print(f"the lesson at http://127.0.0.1:{args.port}/lesson", flush=True)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level=args.log_level)
     return 0
 

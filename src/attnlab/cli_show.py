@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Callable, Optional
 
+from .cli_show_tasks import show_evoformer, show_vqa
 from .cli_util import fail
 
 __all__ = ["add_show", "show_text", "DEFAULT_OUT"]
@@ -202,6 +203,13 @@ def _show_seq2seq(args: argparse.Namespace, model, task, stem: str) -> list[Path
     return written
 
 
+def _show_code_checkpoint(args: argparse.Namespace) -> list[Path]:
+    """The bracket head and the def -> use head of a code GPT (`attnlab train code`), on --text or an example."""
+    from .lab.code_pictures import show_code
+    _unused(args, "code", "--source", "--image-index", "--layer", "--head")
+    return show_code(args.checkpoint, args.text, out=args.out, fmt=args.format, stem=_stem(args.checkpoint))
+
+
 def _show_task_checkpoint(render) -> Callable[[argparse.Namespace], list[Path]]:
     """A renderer for a checkpoint rebuilt through the task registry (model in eval mode, task)."""
     def show(args: argparse.Namespace) -> list[Path]:
@@ -217,6 +225,9 @@ _CHECKPOINT_RENDERERS: dict[str, Callable[[argparse.Namespace], list[Path]]] = {
     "vit": _show_task_checkpoint(_show_vit),
     "seq2seq": _show_task_checkpoint(_show_seq2seq),
     "captioner": _show_task_checkpoint(_show_captioner),
+    "code": _show_code_checkpoint,
+    "vqa": _show_task_checkpoint(show_vqa),
+    "evoformer": _show_task_checkpoint(show_evoformer),
 }
 
 
@@ -261,7 +272,8 @@ def add_show(sub) -> None:
     s.add_argument("--text", help="the input sentence (text models)")
     s.add_argument("--source", metavar="TEXT", help="seq2seq checkpoints: the source sentence to translate")
     s.add_argument("--image-index", type=int, metavar="N",
-                   help="ViT / captioner checkpoints: which test image to show (default 0)")
+                   help="ViT / captioner / VQA checkpoints: which test image (question) to show; evoformer: "
+                        "which held-out sample (default 0)")
     s.add_argument("--layer", type=int, metavar="L", help="only this layer (numbered from 0)")
     s.add_argument("--head", type=int, metavar="H", help="also draw this head alone (numbered from 0)")
     s.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"output directory (default {DEFAULT_OUT})")

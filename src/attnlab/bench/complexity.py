@@ -73,6 +73,8 @@ class ComplexityConfig:
     memory_limit_gb: float = 16.0
     targets: bool = True
     causal_n: int = 65536                 # linear vs tiled, causal fwd+bwd
+    mask: Optional[str] = None            # every series on this mask kind (None = each series' own)
+    mode: str = "fwd"                     # fwd or fwdbwd for the series
     sparse_n: int = 16384                 # sparse vs torch SDPA with the dense mask, fwd
 
 
@@ -106,13 +108,14 @@ def _time_point(backend: str, case: Case, repeats: Optional[int]) -> dict:
 
 def _run_series(name: str, cfg: ComplexityConfig) -> dict:
     backend, mask = SERIES[name]
+    mask = cfg.mask or mask
     out = {"backend": backend, "mask": mask, "points": []}
     if backend not in available_backends():
         out["note"] = f"skipped: backend {backend!r} is not registered"
         return out
     ns = sorted(set(cfg.n) | (set(cfg.long_n) if name in LONG else set()))
     for n in ns:
-        case = _case(cfg, mask, n)
+        case = _case(cfg, mask, n, cfg.mode)
         point = {"n": n}
         out["points"].append(point)
         why = memory_skip_reason(backend, case, cfg.memory_limit_gb)
@@ -263,7 +266,7 @@ def _target_lines(report: dict, judge: bool) -> list[str]:
 def format_complexity(report: dict) -> str:
     """Time and memory tables (rows n, one column per series), the alpha fits and the targets."""
     c, s = report["meta"]["config"], report["series"]
-    shape = f"fwd, B={c['batch']} H={c['heads']} D={c['head_dim']} {c['dtype']}, self-attention L = S = n"
+    shape = f"{c.get('mode', 'fwd')}, B={c['batch']} H={c['heads']} D={c['head_dim']} {c['dtype']}, self-attention L = S = n"
     lines = _grid(report, "median_s", f"time (ms, median), {shape}")
     if c["memory"]:
         lines += [""] + _grid(report, "peak_extra_bytes", "peak extra memory (MB, fresh subprocess per point)")

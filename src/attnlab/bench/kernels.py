@@ -57,6 +57,7 @@ class BenchConfig:
     memory: bool = False                   # measure peak memory of every timed (contestant, case)
     memory_sample: bool = True             # without ``memory``, still measure one representative case
     memory_limit_gb: float = 16.0          # skip anything estimated to need more than this
+    contention: bool = False               # also time every case beside a busy process on one core
 
 
 # --quick: about a minute on 2 cores. Flex runs once, where it is most interesting (a sliding
@@ -138,6 +139,9 @@ def run_case(case: Case, cfg: BenchConfig) -> list[dict]:
             row.update(compile_s=max(row["first_call_ms"] / 1e3 - med, 0.0), block_mask_s=runner.setup_s)
             row["notes"].append(f"compile {row['compile_s']:.1f} s")
         log.info("  %-31s %-10s %9.2f ms %8.1f GFLOP/s", case.label(), row["contestant"], med * 1e3, row["gflops"])
+    if cfg.contention and live:                   # the same warmed-up steps again, one core kept busy
+        from .contention import time_contended
+        time_contended([row for row, _ in live], [runner.step for _, runner in live], times, cfg.repeats)
     _add_ratios(rows)
     return rows
 
@@ -235,6 +239,6 @@ def run_kernels(cfg: BenchConfig, argv: Optional[list[str]] = None) -> dict:
 def _check_finite(rows: list[dict]) -> None:
     """A NaN in a report is a bug in the bench; fail loudly rather than write it."""
     for r in rows:
-        for key in ("median_ms", "gflops", "pct_peak", "x_sdpa", "x_flex"):
+        for key in ("median_ms", "gflops", "pct_peak", "x_sdpa", "x_flex", "slowdown_busy"):
             if key in r and not math.isfinite(r[key]):
                 raise RuntimeError(f"non-finite {key}={r[key]} for {r['contestant']} on {r['case']}")

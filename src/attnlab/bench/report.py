@@ -16,7 +16,8 @@ __all__ = ["format_table", "write_json", "fmt_bytes", "human_bytes"]
 
 COLUMNS = ["case (mask n dtype mode)", "contestant", "median ms", "GFLOP/s", "% peak", "x SDPA",
            "x flex", "peak MB", "notes"]
-RIGHT = {"median ms", "GFLOP/s", "% peak", "x SDPA", "x flex", "peak MB"}
+RIGHT = {"median ms", "GFLOP/s", "% peak", "x SDPA", "x flex", "peak MB", "busy ms", "x busy"}
+BUSY_COLUMNS = ["busy ms", "x busy"]    # --contention only: median beside a busy core, and its ratio to quiet
 
 
 def _num(x: Optional[float], digits: int = 1) -> str:
@@ -52,11 +53,12 @@ def _peak(r: dict) -> str:
     return f"~{s} extrap." if r.get("peak_source") == "extrapolated" else s
 
 
-def _cells(r: dict, first_of_case: bool) -> list[str]:
+def _cells(r: dict, first_of_case: bool, busy: bool = False) -> list[str]:
     c = r["case"]
     label = f"{c['mask']} {c['n']} {c['dtype']} {c['mode']}" if first_of_case else ""
+    contended = [_ms(r.get("median_ms_busy")), _num(r.get("slowdown_busy"), 2)] if busy else []
     return [label, r["contestant"], _ms(r.get("median_ms")), _num(r.get("gflops")),
-            _num(r.get("pct_peak")), _num(r.get("x_sdpa"), 2), _num(r.get("x_flex"), 2), _peak(r),
+            _num(r.get("pct_peak")), _num(r.get("x_sdpa"), 2), _num(r.get("x_flex"), 2), *contended, _peak(r),
             "; ".join(r.get("notes", []))]
 
 
@@ -89,6 +91,10 @@ def _footer(report: dict) -> list[str]:
     if busy is not None and busy > 0.1:
         lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
                      f"the timings are not trustworthy, rerun on an idle machine")
+    busy = [r["busy"] for r in report["results"] if "slowdown_busy" in r]
+    if busy:
+        lines.append(f"busy ms = median while a busy process spun on core {busy[0]['core']} (one per case, started "
+                     f"before and killed after the contended runs); x busy = busy ms / median ms (> 1 = slowed)")
     if any(r["contestant"] == "flex" for r in report["results"]):
         lines.append("flex compile = first call minus steady-state median; inductor cache "
                      + ("warm" if meta.get("inductor_cache_warm_at_start") else "cold") + " at start")
@@ -103,17 +109,19 @@ def _footer(report: dict) -> list[str]:
 def format_table(report: dict) -> str:
     """The results as an aligned plain-text table, one row per (case, contestant), then a legend."""
     rows, prev = [], None
+    busy = any("busy" in r for r in report["results"])
+    columns = COLUMNS[:-2] + BUSY_COLUMNS + COLUMNS[-2:] if busy else COLUMNS
     for r in report["results"]:
         key = tuple(sorted(r["case"].items()))
-        rows.append(_cells(r, key != prev))
+        rows.append(_cells(r, key != prev, busy))
         prev = key
-    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(COLUMNS)]
-    widths[-1] = len(COLUMNS[-1])           # notes: ragged, last column
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(columns)]
+    widths[-1] = len(columns[-1])           # notes: ragged, last column
 
     def line(cells):
         return "  ".join(c.rjust(w) if h in RIGHT else c.ljust(w)
-                         for c, w, h in zip(cells, widths, COLUMNS)).rstrip()
-    out = [line(COLUMNS), line(["-" * w for w in widths])]
+                         for c, w, h in zip(cells, widths, columns)).rstrip()
+    out = [line(columns), line(["-" * w for w in widths])]
     prev_label = None
     for row in rows:
         if row[0] and prev_label is not None:

@@ -3,7 +3,7 @@
 // Each (b, h) owns its dK and dV slices (per query head; GQA groups are summed by the caller) and
 // walks its query tiles in order, so no two threads ever write the same memory and the result
 // does not depend on the thread count. Per (query tile x key chunk) block, with the saved LSE:
-//   P  = exp2(S2 - lse2)                   the probabilities, recomputed (never stored)
+//   P  = exp(S - lse)                      the probabilities, recomputed (never stored)
 //   dV += (P o Z / keep)^T dO              Z the dropout keep mask, regenerated from its hash
 //   dP = dO V^T o Z / keep
 //   dS = P o (dP - delta)                  delta_i = sum_d dO_id O_id (computed by the caller)
@@ -70,22 +70,23 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
           bool all_full;
           if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
           gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
-          // P = exp2(S2 - lse2) over each row's allowed columns; zeros elsewhere
+          // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN)
           for (int64_t r = 0; r < nr; ++r) {
             acc_t* row = s.data() + r * pb.BK;
             const int8_t kind = rp.kind[r];
-            const acc_t lse2 = static_cast<acc_t>(lse[r] * kLog2e);
-            if (kind == kEmpty || lse2 == -std::numeric_limits<acc_t>::infinity()) {
+            const acc_t lse_r = lse[r];
+            if (kind == kEmpty || lse_r == -std::numeric_limits<acc_t>::infinity()) {
               std::fill(row, row + nk, acc_t(0));
               rp.kind[r] = kEmpty;
               continue;
             }
             const int64_t a = rp.a[r], e = rp.e[r];
+            if (std::isnan(lse_r)) { std::fill(row, row + nk, lse_r); continue; }   // exp_u20 would hide a NaN
             row_logits(pb, b, h, r0 + r, c0, kind, a, e, row, th.empty() ? nullptr : th.data() + r * pb.BK);
-            const Vec vl(lse2);
+            const Vec vl(lse_r);
             int64_t j = a;
-            for (; j + VW <= e; j += VW) (Vec::loadu(row + j) - vl).exp2().store(row + j);
-            for (; j < e; ++j) row[j] = std::exp2(row[j] - lse2);
+            for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
+            for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
             std::fill(row, row + a, acc_t(0));
             std::fill(row + e, row + nk, acc_t(0));
           }

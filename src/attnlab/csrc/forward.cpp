@@ -66,21 +66,21 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
           }
           const acc_t m_new = nan_max(m[r], mx);
           if (m_new == ninf) { std::fill(row, row + nk, acc_t(0)); continue; }   // nothing allowed yet
-          const acc_t corr = std::exp2(m[r] - m_new);                        // 0 when m was -inf
+          const acc_t corr = std::exp(m[r] - m_new);                        // 0 when m was -inf
           m[r] = m_new;
-          // p = exp2(s - m) on [a, e), zeros around it
+          // p = exp(s - m) on [a, e), zeros around it
           acc_t sum = 0;
           {
             const Vec vm(m_new);
             Vec vsum(acc_t(0));
             int64_t j = a;
             for (; j + VW <= e; j += VW) {
-              Vec p = (Vec::loadu(row + j) - vm).exp2();
+              Vec p = vexp(Vec::loadu(row + j) - vm);
               p.store(row + j);
               vsum = vsum + p;
             }
             sum = hsum(vsum);
-            for (; j < e; ++j) { row[j] = std::exp2(row[j] - m_new); sum += row[j]; }
+            for (; j < e; ++j) { row[j] = std::exp(row[j] - m_new); sum += row[j]; }
           }
           std::fill(row, row + a, acc_t(0));
           std::fill(row + e, row + nk, acc_t(0));
@@ -99,7 +99,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         const scalar_t* p = as_input(s.data(), p_in.data(), nr * pb.BK);
         gemm(false, false, nr, pb.Dv, nk, acc_t(1), p, pb.BK, vb + c0 * vs[2], vs[2], acc_t(1), o.data(), pb.Dv);
       }
-      // out = o / l; lse = (m + log2 l) * ln 2; rows that saw nothing: 0 and -inf
+      // out = o / l; lse = m + log l; rows that saw nothing: 0 and -inf
       for (int64_t r = 0; r < nr; ++r) {
         scalar_t* orow = out + b * os[0] + h * os[1] + (r0 + r) * os[2];
         const acc_t* acc = o.data() + r * pb.Dv;
@@ -107,7 +107,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         const acc_t inv = seen ? acc_t(1) / l[r] : acc_t(0);
         for (int64_t d = 0; d < pb.Dv; ++d) orow[d] = static_cast<scalar_t>(acc[d] * inv);
         lse[(b * pb.H + h) * pb.L + r0 + r] =
-            seen ? static_cast<acc_t>((m[r] + std::log2(l[r])) * kLn2) : ninf;
+            seen ? static_cast<acc_t>(m[r] + std::log(l[r])) : ninf;
       }
     }
   });

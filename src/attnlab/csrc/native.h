@@ -31,10 +31,14 @@
 
 namespace attnlab {
 
-// exp(x) = exp2(x * log2(e)): scores are kept in base 2 so the kernel can use Sleef's exp2, which
-// is as accurate (1 ulp) and cheaper than exp; the saved log-sum-exp is natural (lse2 * ln 2).
-constexpr double kLog2e = 1.4426950408889634;
-constexpr double kLn2 = 0.6931471805599453;
+// exp on vectors. float: at::vec's inline polynomial exp_u20 (<= 20 ulp, ~1.2e-6 relative; what
+// torch's own CPU flash kernel uses) instead of Sleef's exp, which is an out-of-line call per
+// vector. Its error stays below the fp32 reference's own (the conformance suite checks this).
+// double: Sleef's 1-ulp exp. Its handling of -inf (-> 0) is what masked logits rely on.
+template <typename T>
+inline at::vec::Vectorized<T> vexp(const at::vec::Vectorized<T>& x) { return x.exp(); }
+template <>
+inline at::vec::Vectorized<float> vexp(const at::vec::Vectorized<float>& x) { return x.exp_u20(); }
 
 // Row states inside one (query tile x key chunk) block.
 enum RowKind : int8_t { kEmpty = 0, kRange = 1, kMasked = 2, kFull = 3 };
@@ -200,9 +204,9 @@ inline bool allowed(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Logits of one row in base 2, in place over columns [a, e) of the chunk starting at key c0:
-//   s = scale * q.k  ->  softcap * tanh(s / softcap)  ->  + bias  ->  * log2(e)  ->  -inf if masked.
-// `raw` holds q.k times (scale * log2e when there is no softcap and no bias, else scale).
+// Logits of one row, in place over columns [a, e) of the chunk starting at key c0:
+//   s = scale * q.k  ->  softcap * tanh(s / softcap)  ->  + bias  ->  -inf if masked.
+// `s` arrives holding scale * q.k (the GEMM's alpha).
 // When `tanh_out` is given the softcap's tanh is kept there (the backward's derivative).
 template <typename acc_t>
 inline void row_logits(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i, int64_t c0, int8_t kind,
@@ -249,10 +253,6 @@ inline void row_logits(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i
         }
       }
     }
-    const Vec l2(static_cast<acc_t>(kLog2e));
-    int64_t j = a;
-    for (; j + W <= e; j += W) (Vec::loadu(s + j) * l2).store(s + j);
-    for (; j < e; ++j) s[j] *= static_cast<acc_t>(kLog2e);
   }
   if (kind == kMasked) {
     const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
@@ -283,11 +283,10 @@ inline T hsum(const at::vec::Vectorized<T>& v) {
   return s;
 }
 
-// alpha of the QK^T GEMM: the scale, with log2(e) folded in when nothing else touches the logits.
+// alpha of the QK^T GEMM: the scale.
 template <typename acc_t>
 inline acc_t qk_alpha(const Problem<acc_t>& pb) {
-  const bool plain = pb.softcap == 0.0 && pb.bias_kind == 0;
-  return static_cast<acc_t>(plain ? pb.scale * kLog2e : pb.scale);
+  return static_cast<acc_t>(pb.scale);
 }
 
 // Bias row pointer (dense: its (b, h, i) row; table: its (b, h, i) row), for the backward's gradient.

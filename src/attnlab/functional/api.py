@@ -53,6 +53,8 @@ def _skippable(req: AttentionRequest) -> float:
 def _auto(req: AttentionRequest) -> tuple[str, str]:
     """(backend name, reason) for the fastest exact backend that honours ``req``."""
     _, _, _, L, S, _, _ = req.shape
+    if req.q.is_meta:
+        return "reference", "meta tensors carry no data: the reference formula gives the output's shape and dtype"
     runnable = {b.name for b, why in _candidates(req) if why is None}
     if "triton" in runnable:                       # only where triton and CUDA are there (never on the CPU)
         from .backends.triton_attn import prefer_triton
@@ -80,6 +82,17 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return "sparse", (f"a block layout ({req.mask!r}) at L*S = {L * S} >= {SPARSE_FROM}: its scattered "
                           f"blocks are faster gathered into one batched matmul than walked tile by tile "
                           f"(measured 1.2-1.7x tiled at n=8192)")
+    exact_kernel = "native" if "native" in runnable else "tiled"    # the compiled one where it is built
+    if exact_kernel in runnable and plain:             # no mask or bias, yet not SDPA's flash kernel
+        why = ("dropout" if req.dropout_p > 0.0 else "Dv != D" if req.v.shape[-1] != req.q.shape[-1] else
+               "an input whose last dim is not contiguous (stride != 1: expanded or transposed)")
+        return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
+                              f"the {exact_kernel} kernel keeps O(L + S) memory")
+    if "native" in runnable:
+        return "native", ("a mask or bias is involved: SDPA would compute every pair and need the dense (L, S) "
+                          "mask in memory; the compiled kernel visits only the keys each row may attend, reads "
+                          "structured biases from O(n) tables and keeps O(L + S) memory (measured 1.5-1.8x "
+                          "FlexAttention on windows, documents and ALiBi at n = 8192: docs/benchmarks.md)")
     if "tiled" in runnable:
         return "tiled", ("a mask or bias is involved: SDPA would compute every pair and need the dense "
                          "(L, S) mask in memory; the tiled kernel skips empty tiles, computes structured "
@@ -97,6 +110,11 @@ def choose_backend(req: AttentionRequest, backend: str) -> Backend:
         return get_backend(_auto(req)[0])
     b = get_backend(backend)
     why = b.unsupported(req)
+    if why is None and req.q.is_meta and backend in ("tiled", "sparse") and \
+            any(isinstance(p, DenseMask) for p in mask_parts(req.mask)):
+        raise ValueError(f"backend {backend!r} cannot run on meta tensors with a dense (tensor) mask: it reads the "
+                         "mask's values to plan its tiles, and meta tensors have none; use backend='auto' or "
+                         "'reference' to get the output's shape")
     if why is not None:
         can = [c.name for c, w in _candidates(req) if c.unsupported(req) is None]
         raise ValueError(f"backend {backend!r} cannot compute this request: {why}. Backends that can: {can}")
@@ -105,7 +123,7 @@ def choose_backend(req: AttentionRequest, backend: str) -> Backend:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = False, bias=None,
               scale: Optional[float] = None, dropout_p: float = 0.0, backend: str = "auto",
-              return_weights: bool = False):
+              return_weights: bool = False, softcap: Optional[float] = None):
     """Scaled dot-product attention: softmax(scale * q k^T + bias, masked) v.
 
     Args:
@@ -120,6 +138,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
         dropout_p: probability of dropping a weight (pass 0 at inference).
         backend: "auto" or a name from ``available_backends()``.
         return_weights: also return the softmax weights (B, H, L, S) (before dropout).
+        softcap: cap the scores as softcap * tanh(scale * q k^T / softcap) (Gemma 2) before the
+            bias and the mask are applied; None = no capping. Not on sdpa, linear or favor.
     Returns:
         out (B, H, L, Dv) in q's dtype, or (out, weights). Rows with nothing to attend to are 0.
     Example:
@@ -128,7 +148,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
         out, w = attention(q, k, v, mask=masks.window(16, 0), return_weights=True)
     """
     req = make_request(q, k, v, mask=mask, causal=causal, bias=bias, scale=scale, dropout_p=dropout_p,
-                       return_weights=return_weights)
+                       return_weights=return_weights, softcap=softcap)
     chosen = choose_backend(req, backend)
     _, _, _, L, S, _, _ = req.shape
     seed = new_seed() if req.dropout_p > 0.0 else None
@@ -136,29 +156,40 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
     if L == 0 or S == 0:
         fn = reference_attention     # empty output, or zeros: exact and trivially cheap
     return fn(req.q, req.k, req.v, mask=req.mask, bias=req.bias, scale=req.scale, dropout_p=req.dropout_p,
-              dropout_seed=seed, return_weights=req.return_weights)
+              dropout_seed=seed, return_weights=req.return_weights, softcap=req.softcap)
 
 
 def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
-    """Which backend ``attention(q, k, v, **kwargs)`` would run with backend="auto", and why not the others.
+    """Which backend ``attention(q, k, v, **kwargs)`` would run, and why not the others.
+
+    With ``backend="NAME"`` the first answer is about NAME (it runs, or why it cannot); what
+    auto would pick follows.
 
     Example:
         why = explain(q, k, v, mask=masks.window(128, 128))   # 'auto -> tiled: ...'
+        why = explain(q, k, v, backend="reference")           # 'reference (named) -> runs: ...'
     """
-    kwargs.pop("backend", None)
+    named = kwargs.pop("backend", "auto")
     req = make_request(q, k, v, **kwargs)
     name, reason = _auto(req)
     B, H, Hkv, L, S, D, Dv = req.shape
     lines = [f"request: B={B} H={H} Hkv={Hkv} L={L} S={S} D={D} Dv={Dv} dtype={q.dtype} "
              f"mask={req.mask!r} bias={'none' if req.bias is None else type(req.bias).__name__} "
-             f"dropout_p={req.dropout_p}",
-             f"auto -> {name}: {reason}"]
+             f"dropout_p={req.dropout_p}" + (f" softcap={req.softcap}" if req.softcap is not None else "")]
+    if named != "auto":
+        b = get_backend(named)
+        cannot = b.unsupported(req)
+        lines.append(f"{named} (named) -> " + (f"cannot compute this request: {cannot}" if cannot else
+                                               f"runs: {b.summary}" + ("" if b.exact else " (approximate)")))
+    lines.append(f"auto -> {name}: {reason}")
     for b, why in _candidates(req):
         if b.name == name:
             continue
         if why is None:
             why = "exact, but slower for this request" + (
-                " (SDPA computes every pair, and needs the dense mask/bias)" if b.name == "sdpa" else
+                (" (SDPA computes every pair, and needs the dense mask/bias)" if req.mask is not None or
+                 req.bias is not None else " (its math path here materializes the (B, H, L, S) scores)")
+                if b.name == "sdpa" else
                 " (materializes the (B, H, L, S) scores)" if b.name == "reference" else
                 " (measured faster than tiled only on scattered block layouts from n = 8192)"
                 if b.name == "sparse" else

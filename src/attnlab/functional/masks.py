@@ -110,9 +110,15 @@ class Mask:
                              f"build the mask from per-example data of length {B}")
 
     def __and__(self, other: "Mask") -> "Mask":
+        if isinstance(other, Tensor):
+            raise TypeError(f"{self!r} & a {other.dtype} tensor {tuple(other.shape)}: wrap the tensor as a mask "
+                            "first, e.g. masks.causal() & masks.dense(bool_tensor)")
         if not isinstance(other, Mask):
             return NotImplemented
         return AndMask(self, other)
+
+    def __rand__(self, other) -> "Mask":          # tensor & mask: torch declined, so it lands here
+        return self.__and__(other)
 
     def to(self, device) -> "Mask":
         return self

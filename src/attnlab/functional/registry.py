@@ -3,7 +3,10 @@
 A backend is a plain function with one keyword-only signature::
 
     fn(q, k, v, *, mask=None, bias=None, scale, dropout_p=0.0, dropout_seed=None,
-       return_weights=False) -> out | (out, weights)
+       return_weights=False, softcap=None) -> out | (out, weights)
+
+``softcap`` (None or > 0) caps the scores, s = softcap * tanh(scale * q k^T / softcap), before the
+bias and the mask; a backend that cannot do it says so in ``unsupported``.
 
 ``mask`` is a structured ``attnlab.masks.Mask`` (causal already folded in) or None; the
 arguments arrive validated by ``attnlab.functional.request``. Alongside the function each backend

@@ -31,6 +31,7 @@ class AttentionRequest:
     scale: float
     dropout_p: float
     return_weights: bool
+    softcap: Optional[float] = None  # scores become softcap * tanh(scores / softcap) before bias and mask
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int, int]:
@@ -129,7 +130,7 @@ def _check_bias(bias, q: Tensor, B: int, H: int, L: int, S: int) -> Optional[Bia
 
 
 def make_request(q, k, v, *, mask=None, causal=False, bias=None, scale=None, dropout_p=0.0,
-                 return_weights=False) -> AttentionRequest:
+                 return_weights=False, softcap=None) -> AttentionRequest:
     """Validate the arguments of ``attention`` and fold them into one ``AttentionRequest``."""
     q, k, v = _check_tensor("q", q), _check_tensor("k", k), _check_tensor("v", v)
     _check_shapes(q, k, v)
@@ -149,4 +150,9 @@ def make_request(q, k, v, *, mask=None, causal=False, bias=None, scale=None, dro
         raise ValueError(f"dropout_p={dropout_p} is outside [0, 1): it is the probability of dropping a weight")
     if not isinstance(return_weights, bool):
         raise TypeError(f"return_weights must be a bool, got {type(return_weights).__name__}")
-    return AttentionRequest(q, k, v, mask, bias, float(scale), float(dropout_p), return_weights)
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(softcap) or softcap <= 0):
+        raise ValueError(f"softcap={softcap!r}: must be a finite number > 0 (scores become "
+                         f"softcap * tanh(scores / softcap), as in Gemma 2) or None for no capping")
+    return AttentionRequest(q, k, v, mask, bias, float(scale), float(dropout_p), return_weights,
+                            None if softcap is None else float(softcap))

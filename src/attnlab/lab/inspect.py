@@ -236,13 +236,14 @@ def load_model(name: str) -> InspectModel:
 
 def list_models() -> list[dict]:
     """Registered models: ``[{name, description, layers, heads, available}]`` (layers/heads None if unknown
-    until loaded). Does not load anything except what is already cached."""
+    until loaded). Does not load anything except what is already cached, and never waits for the lock a
+    running computation holds (snapshots of the two dicts instead: the web lab lists models during a burst)."""
     out = []
-    with _LOCK:
-        for name, e in _REGISTRY.items():
-            shape = (_LOADED[name].n_layer, _LOADED[name].n_head) if name in _LOADED else e.shape
-            out.append(dict(name=name, description=e.description, layers=shape[0] if shape else None,
-                            heads=shape[1] if shape else None, available=bool(e.available())))
+    loaded = dict(_LOADED)
+    for name, e in list(_REGISTRY.items()):
+        shape = (loaded[name].n_layer, loaded[name].n_head) if name in loaded else e.shape
+        out.append(dict(name=name, description=e.description, layers=shape[0] if shape else None,
+                        heads=shape[1] if shape else None, available=bool(e.available())))
     return out
 
 

@@ -26,6 +26,8 @@ TASK_MODULES: dict[str, str] = {
     "vit": "attnlab.tasks.vit",
     "captioner": "attnlab.tasks.captioner",
     "evoformer": "attnlab.tasks.evoformer",
+    "vqa": "attnlab.tasks.vqa",
+    "code": "attnlab.tasks.code",
 }
 
 
@@ -43,7 +45,7 @@ def get_spec(name: str):
 def load_model(path: Union[str, "object"]) -> tuple[nn.Module, object]:
     """(model in eval mode, task) from a checkpoint directory written by the trainer."""
     from ..train.checkpoint import load_checkpoint
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, train_state=False)          # the model needs weights only
     task = get_spec(ckpt.extra.get("task", "gpt")).from_checkpoint(ckpt)
     model = task.build_model()
     model.load_state_dict(ckpt.model_state)

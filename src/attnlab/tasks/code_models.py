@@ -140,7 +140,7 @@ def load_language_model(path):
     """(model in eval mode, tokenizer) of a checkpoint: a GPT (any task), or a ``train code --arch lstm`` LSTM."""
     from ..data.tokenization import tokenizer_from_json
     from ..train.checkpoint import load_checkpoint, load_gpt
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, train_state=False)          # generation needs the weights only
     if ckpt.model_config.get("arch") != "lstm":
         return load_gpt(path)
     model = CodeLSTM(CodeLSTMConfig(**ckpt.model_config))

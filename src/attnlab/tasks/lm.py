@@ -36,7 +36,7 @@ class LMTask:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
         if len(data.val_ids) < model_config.block_size + 1:
             raise ValueError(f"the validation split has {len(data.val_ids)} tokens, fewer than block_size + 1 = "
-                             f"{model_config.block_size + 1}; use more text, a larger val fraction or a smaller block")
+                             f"{model_config.block_size + 1}; give more text or a smaller block_size (--block-size)")
         self.config, self.data = model_config, data
 
     def model_config(self) -> dict:
@@ -101,7 +101,9 @@ def _add_arguments(t) -> None:
     from ..models import PRESETS
     t.add_argument("--data", help="docs | stdlib | PATH to a UTF-8 text file or a directory of them (default docs)")
     t.add_argument("--preset", choices=sorted(PRESETS), default="micro",
-                   help="model size and training defaults (default micro: 4 layers, d=128, 14 min budget)")
+                   help="model size and training defaults: nano (2 layers, d=64, 500 steps), micro "
+                        "(4 layers, d=128, a 14-minute time budget; the default), mini (6 layers, d=384, "
+                        "5000 steps)")
     t.add_argument("--tokenizer", choices=["char", "bpe"], default="char", help="characters, or byte-level BPE")
     t.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size (default 512)")
     t.add_argument("--block-size", type=int, help="context length (default: the preset's)")

@@ -4,18 +4,26 @@
     GET  /api/models       {models: [{name, description, layers, heads, available}], backends: [{name, exact}],
                             max_chars}
     POST /api/attention    {text, model, layer, head, positional, scale_factor, backend}
-                        -> {model, n_layers, n_heads, backend, exact, tokens, layer, heads, weights (heads, L, L),
-                            entropy (per head, nats), max_entropy (log L), agreement, positional, scale_factor}
+                        -> {model, n_layers, n_heads, backend, kernel (the backend that ran: auto's pick),
+                            exact, tokens, layer, heads, weights (heads, L, L), entropy (per head, nats),
+                            max_entropy (log L), agreement, positional, scale_factor}
+    /lesson...             the lesson page, its Pyodide files and read-along (``web.lesson``; its own CSP)
 
 Safety, because a browser tab on any site can reach 127.0.0.1: the server binds to 127.0.0.1
 only (``attnlab serve``); the Host header must be one of ``allowed_hosts`` (400 otherwise: a
 DNS-rebinding page arrives with its own host name); models are chosen by registered name, never
 by path; the request body and the text are capped (413); the page loads nothing from other
-origins (a Content-Security-Policy of 'self' says so to the browser).
+origins (a Content-Security-Policy of 'self' says so to the browser). Every POST (a computation)
+must come from the lab's own page: an ``Origin`` other than ``http://<Host>`` or a cross-site
+``Sec-Fetch-Site`` is a 403, and a body that is not ``application/json`` a 415 (a cross-site form or
+text/plain POST needs no CORS preflight, so without this any page could drive the lab blind). At
+most ``max_computing`` POSTs are in flight; one more is a 429 with ``Retry-After``. The GET routes
+never wait for a computation (``list_models`` takes no lock), so the page stays responsive in a burst.
 
-Errors are ``{"detail": message}``: 404 unknown model, 413 text over the cap (characters or
-tokens), 422 empty text, unknown layer, head or backend, malformed JSON; 503 a registered model whose
-files fail to load (e.g. a half-written runs/demo/gpt).
+Errors are ``{"detail": message}``: 403 another site's request, 404 unknown model, 413 text over the
+cap (characters or tokens), 415 not JSON, 422 empty text, unknown layer, head or backend, malformed
+JSON; 429 busy (Retry-After); 503 a registered model whose files fail to load (e.g. a half-written
+runs/demo/gpt).
 
 Example::
 
@@ -38,11 +46,15 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
                            backend_choices, list_models, load_model)
+from .lesson import lesson_router
 
 __all__ = ["create_app", "AttentionRequest", "DEFAULT_MAX_CHARS", "STATIC_DIR"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 DEFAULT_MAX_CHARS = 500            # a paragraph; the token cap (inspect.MAX_TOKENS) bounds the work too
+DEFAULT_MAX_COMPUTING = 4          # POSTs in flight (running or queued for the model lock); more get a 429
+RETRY_AFTER_S = 2                  # what a 429 tells the client to wait
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
 
@@ -82,22 +94,58 @@ async def _read_capped(request: Request, limit: int) -> Optional[bytes]:
     return bytes(body)
 
 
+def _kernel(loaded, backend: str, L: int, positional: bool) -> str:
+    """The backend that ran: ``backend`` itself, or the one "auto" picks for this model's attention request
+    (the same decision ``attention()`` makes: shape, dtype, causal, the positional bias)."""
+    import torch
+
+    from ..functional.api import choose_backend
+    from ..functional.request import make_request
+    a = loaded.attn_layers[0]
+    w = a.q_proj.weight
+    q = torch.zeros(1, a.cfg.n_heads, L, a.cfg.head_dim, dtype=w.dtype, device=w.device)   # (1, H, L, D)
+    k = torch.zeros(1, a.cfg.kv_heads, L, a.cfg.head_dim, dtype=w.dtype, device=w.device)  # (1, Hkv, L, D)
+    bias = a._bias(q, L, L) if positional else None
+    req = make_request(q, k, k, causal=a.cfg.causal, bias=bias, scale=a.scale, return_weights=True)
+    return choose_backend(req, backend).name
+
+
 def _payload(maps, req: AttentionRequest) -> dict:
+    """The JSON answer (run in a worker thread: load_model waits for the model lock)."""
     w = maps.weights[0]                                                       # (heads, L, L)
     L = len(maps.tokens)
     ent = attention_entropy(w).mean(-1)                                       # (heads,) mean over query rows
     exact = {b["name"]: b["exact"] for b in backend_choices()}[maps.backend]
     loaded = load_model(maps.model)                                           # cached: the sizes for the page
     return dict(model=maps.model, n_layers=loaded.n_layer, n_heads=loaded.n_head, backend=maps.backend,
-                exact=exact, tokens=maps.tokens, layer=maps.layers[0],
+                kernel=_kernel(loaded, maps.backend, L, req.positional), exact=exact, tokens=maps.tokens,
+                layer=maps.layers[0],
                 heads=maps.heads, weights=[[[round(v, 6) for v in row] for row in h] for h in w.tolist()],
                 entropy=[round(float(e), 6) for e in ent], max_entropy=math.log(L) if L else 0.0,
                 agreement=maps.agreement, positional=req.positional, scale_factor=req.scale_factor)
 
 
+def _refusal(request: Request) -> Optional[JSONResponse]:
+    """403 for a POST another site's page sent (Origin or Sec-Fetch-Site say so), 415 for a body that is not
+    JSON (a cross-site form or text/plain "simple request" needs no CORS preflight: refusing it closes that door)."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"http://{request.headers.get('host', '')}":
+        return _error(403, f"cross-origin request refused (Origin {origin!r}): the lab answers only its own page")
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return _error(403, f"cross-site request refused (Sec-Fetch-Site: {site}): the lab answers only its own page")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        return _error(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+    return None
+
+
 def create_app(max_chars: int = DEFAULT_MAX_CHARS,
-               allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> FastAPI:
-    """The lab's ASGI app. ``max_chars`` caps the text; ``allowed_hosts`` are the Host names answered.
+               allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+               max_computing: int = DEFAULT_MAX_COMPUTING) -> FastAPI:
+    """The lab's ASGI app. ``max_chars`` caps the text; ``allowed_hosts`` are the Host names answered;
+    ``max_computing`` caps the POSTs (computations) in flight: one more is a 429 with Retry-After, while
+    the GET routes (page, files, /api/models) never wait for a computation.
 
     Example:
         uvicorn.run(create_app(max_chars=300), host="127.0.0.1", port=8000)
@@ -106,26 +154,48 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
         raise ValueError(f"max_chars must be a positive int, got {max_chars!r}")
     if isinstance(allowed_hosts, str) or not allowed_hosts or "*" in allowed_hosts:
         raise ValueError(f"allowed_hosts must be a list of host names without '*', got {allowed_hosts!r}")
+    if isinstance(max_computing, bool) or not isinstance(max_computing, int) or max_computing < 1:
+        raise ValueError(f"max_computing must be a positive int, got {max_computing!r}")
     body_limit = 4 * max_chars + 4096        # JSON escapes and the other fields: generous, still bounded
     app = FastAPI(title="attnlab lab", docs_url=None, redoc_url=None, openapi_url=None)
+    in_flight = [0]                          # POSTs being answered (the event loop is one thread: no lock)
+
+    @app.middleware("http")                  # added before the Host check, so it runs after it
+    async def guard_computations(request: Request, call_next):
+        if request.method in SAFE_METHODS:
+            return await call_next(request)
+        refused = _refusal(request)
+        if refused is not None:
+            return refused
+        if in_flight[0] >= max_computing:
+            return JSONResponse({"detail": f"busy: {max_computing} computations are already running or queued; "
+                                           f"retry in {RETRY_AFTER_S} s"},
+                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
+        in_flight[0] += 1
+        try:
+            return await call_next(request)
+        finally:
+            in_flight[0] -= 1
+
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):
         response = await call_next(request)
-        response.headers["Content-Security-Policy"] = CSP
+        response.headers.setdefault("Content-Security-Policy", CSP)    # the lesson's routes set their own
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.include_router(lesson_router())          # /lesson: the page that teaches self-attention (web.lesson)
 
     @app.get("/", include_in_schema=False)
     async def index():
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
     @app.get("/api/models")
-    async def models():
+    async def models():                      # list_models never waits for the model lock (inspect.py)
         return dict(models=list_models(), backends=backend_choices(), max_chars=max_chars)
 
     @app.post("/api/attention")
@@ -156,6 +226,6 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
             return _error(503, str(e))
         except (ValueError, TypeError) as e:
             return _error(422, str(e))
-        return _payload(maps, req)
+        return await run_in_threadpool(_payload, maps, req)
 
     return app

@@ -52,15 +52,24 @@ def info() -> str:
     return f"native: at::vec {_native.capability()}; {_native.blas()}"
 
 
-def default_tiles(dtype: torch.dtype, mask: Optional[Mask], L: int, S: int) -> tuple[int, int]:
-    """(block_q, block_k): query tile rows and key chunk columns (docs/benchmarks.md, native tiles).
+def default_tiles(dtype: torch.dtype, spans: Optional[Tensor]) -> tuple[int, int]:
+    """(block_q, block_k): query tile rows and key chunk columns.
 
-    Short query tiles waste little at a band's slanted edges; the key chunk is wide so that one
-    GEMM covers a whole band, and the (block_q, block_k) fp32 score block stays in the L2 cache.
+    Measured at n = 8192, B=1 H=8 D=64 fp32 (docs/benchmarks.md, native tiles): rows that attend
+    to many keys (no mask, causal, long documents) run fastest in tall 256-row tiles (bigger GEMMs);
+    narrow bands (a W=256 window) in 64-row tiles, which waste little at the band's slanted edges
+    (window 45 ms at 64 rows vs 70 ms at 256). The 512-key chunk keeps a (256, 512) fp32 score
+    block (512 KB) in the L2 cache.
     """
-    if mask is None:
-        return 64, 512
-    return 64, 512
+    if spans is not None and not torch.compiler.is_compiling():      # (no data-dependent branch in a graph)
+        width = (spans[..., 1] - spans[..., 0]).clamp(min=0).sum(-1).float().mean().item()
+        if width < NARROW_ROWS:
+            return 64, 512
+    return 256, 512
+
+
+#: rows that attend to fewer keys than this on average get short (64-row) query tiles
+NARROW_ROWS = 768
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,8 +286,8 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     with the lse.
     """
     L, S = q.shape[2], k.shape[2]
-    dq, dk = default_tiles(q.dtype, mask, L, S)
     spans, bits = mask_args(mask, L, S)
+    dq, dk = default_tiles(q.dtype, spans)
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
             int(block_q or dq), int(block_k or dk))
@@ -295,8 +304,8 @@ def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Te
     dk, dv summed over each GQA group (B, Hkv, S, D|Dv), in the accumulation dtype.
     """
     L, S = q.shape[2], k.shape[2]
-    bq, bk = default_tiles(q.dtype, mask, L, S)
     spans, bits = mask_args(mask, L, S)
+    bq, bk = default_tiles(q.dtype, spans)
     dq, dk, dv, _ = _bwd(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), _last_contiguous(dout),
                          lse.to(accum_dtype(q.dtype)), delta.to(accum_dtype(q.dtype)), spans, bits, 0, None, 0, 0,
                          float(scale), 0.0, 0.0, 0, bq, bk, False)

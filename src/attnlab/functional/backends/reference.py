@@ -7,6 +7,7 @@ oracle every other backend is tested against.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -48,11 +49,37 @@ def softcap_scores(s: Tensor, softcap: Optional[float]) -> Tensor:
     return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
+def _device_memory(device: torch.device) -> Optional[int]:
+    """Bytes of memory on device (physical RAM for the CPU), or None when unknown."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[1]
+        if device.type == "cpu":
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, RuntimeError):
+        pass
+    return None
+
+
+def check_scores_fit(B: int, H: int, L: int, S: int, dtype: torch.dtype, device: torch.device) -> None:
+    """MemoryError, before allocating, when the (B, H, L, S) scores (~3 copies: scores, logits, weights)
+    exceed the device's whole memory: e.g. n = 2**20 would ask for terabytes."""
+    if torch.compiler.is_compiling():           # os.sysconf / mem_get_info would break a fullgraph compile
+        return
+    need = 3 * B * H * L * S * torch.empty((), dtype=accum_dtype(dtype)).element_size()
+    have = _device_memory(device)
+    if have is not None and need > have:
+        raise MemoryError(f"the reference backend materializes the (B, H, L, S) = ({B}, {H}, {L}, {S}) scores: "
+                          f"~{need / 2**30:,.0f} GiB, more than this {device.type} device's {have / 2**30:,.0f} GiB; "
+                          f"use backend='tiled' or 'native' (O(L + S) memory), or 'auto'")
+
+
 def attention_probs(q: Tensor, k: Tensor, *, mask: Optional[Mask], bias: Optional[Bias], scale: float,
                     softcap: Optional[float] = None) -> Tensor:
     """The attention weights P = softmax(cap(scale * q k^T) + bias, masked): (B, H, L, S), in float32/64."""
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
+    check_scores_fit(B, H, L, S, q.dtype, q.device)
     k = k.repeat_interleave(H // Hkv, dim=1)                           # (B, H, S, D): query head h uses kv head h // (H/Hkv)
     scores = (q @ k.transpose(-2, -1)) * scale                         # (B, H, L, S), in the input dtype
     logits = softcap_scores(scores.to(accum_dtype(q.dtype)), softcap)  # softmax in fp32 (fp64 for fp64)

@@ -25,7 +25,27 @@ from torch import Tensor
 from ..masks import CausalMask, Mask
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
-from .reference import attention_probs, dense_bias
+from .reference import attention_probs, dense_bias, reference_attention
+
+
+# NaN in -> NaN out as on every exact backend (tests/test_nan_agreement.py). Below this many keys torch's CPU
+# flash kernel (2.13) returns 0, not NaN, for a query row holding a NaN (its short-row path drops the NaN from
+# the max; float64 from 8 keys): the reference formula runs there instead (a few keys: cheap). And SDPA adds
+# an attn_mask as 0 / -inf, so a NaN score at a masked key leaks into its row (NaN + -inf = NaN): with a mask
+# or bias and a NaN/inf in q or k (one O((L + S) D) check), the reference runs too.
+NAN_SAFE_S = 16
+
+
+def _finite(q: Tensor, k: Tensor) -> bool:
+    """True when q and k hold no NaN/inf, or cannot be looked at: meta tensors (no data), vmap's batched
+    tensors and torch.compile's graphs (no data-dependent branching there: SDPA runs, as before the check
+    existed, and a NaN at a masked key may reach its row)."""
+    if q.is_meta or torch.compiler.is_compiling() or _is_batched(q) or _is_batched(k):
+        return True
+    return bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())
+
+
+_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", lambda t: False)
 
 
 def _unsupported(req: AttentionRequest) -> Optional[str]:
@@ -61,6 +81,9 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     B, H, L, _ = q.shape
     S = k.shape[2]
     is_causal = isinstance(mask, CausalMask) and L == S and bias is None
+    if S < NAN_SAFE_S or (not is_causal and (mask is not None or bias is not None) and not _finite(q, k)):
+        return reference_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p,
+                                   dropout_seed=dropout_seed, return_weights=return_weights)
     attn_mask = None
     if not is_causal:
         b = dense_bias(bias, L, S)

@@ -87,6 +87,7 @@ class _Problem:
         self.vb = pad(v, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, -1)     # (B, Hkv, nk, bk, Dv)
         self.bias_t, self.bias_s, self.params = bias_t, bias_s, params
         self.layout, self.scale = layout, scale
+        self.nonfinite = not (q.is_meta or (bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())))  # logits()
         self.dropout_p, self.seed = dropout_p, seed
         self.softcap = softcap
         self.tanh: Optional[Tensor] = None    # the last chunk's tanh(u / softcap), for the backward
@@ -142,7 +143,10 @@ class _Problem:
         if b is not None:
             s = s.add_(_to7(b.to(s.dtype), Hkv, G), alpha=LOG2E)    # base 2, like the scores
         allowed = chunk_allowed(ch, S, bk)
-        if allowed is not None:
+        if allowed is not None and self.nonfinite:
+            # NaN + -inf is NaN: with a NaN/inf in q or k, a masked key must not reach its row (as in the reference)
+            s = torch.where(_to7(_batch(allowed, bs).to(dev), Hkv, G), s, float("-inf"))
+        elif allowed is not None:
             # An additive 0 / -inf block the size of one head: cheaper than a broadcast masked_fill.
             neg = torch.zeros(allowed.shape, dtype=s.dtype).masked_fill_(~allowed, float("-inf"))
             s = s.add_(_to7(_batch(neg, bs).to(dev), Hkv, G))

@@ -20,6 +20,7 @@ gradient for their parameters) are supported, and so is dropout (counter-based, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -99,6 +100,12 @@ class _Problem:
     plan: Plan
     qscale: float                # scale * log2(e): scores in base 2
     blocks: dict                 # additive mask blocks shared between tiles (Mask.block_key)
+
+    @cached_property
+    def nonfinite(self) -> bool:
+        """q or k holds a NaN/inf (checked once, only where a tile is partly masked): masks are then applied
+        with ``where``, since NaN + -inf is NaN and a masked key must never reach a row (as in the reference)."""
+        return not (self.q5.is_meta or (bool(torch.isfinite(self.q5).all()) and bool(torch.isfinite(self.k4).all())))
     softcap: Optional[float] = None   # scores become softcap * tanh(scores / softcap) before bias and mask
 
     @property
@@ -170,8 +177,12 @@ class _Problem:
             b = self.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
             s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
         for a, z in sp.masked:                       # only the key ranges of PARTIAL tiles
-            neg = self.neg_block(t, a, z, s.dtype, s.device)
-            s5[..., a - sp.c0:z - sp.c0].add_(_to5(_batch(neg, bs), Hkv, G))
+            neg = _to5(_batch(self.neg_block(t, a, z, s.dtype, s.device), bs), Hkv, G)
+            blk = s5[..., a - sp.c0:z - sp.c0]
+            if self.nonfinite:
+                blk.copy_(torch.where(neg == 0, blk, neg))
+            else:
+                blk.add_(neg)
         return (s, th) if with_tanh else s
 
     def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:
