@@ -162,8 +162,16 @@ def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
     assert "auto -> native" in al.explain(q, k, v, mask=block_sparse)
 
 
-def test_auto_picks_tiled_for_large_bf16_inference_only():
+def test_auto_picks_the_compiled_kernel_for_large_bf16_inference_only():
     q, k, v = (torch.randn(1, 1, 2048, 8, dtype=torch.bfloat16) for _ in range(3))
-    assert "auto -> tiled" in al.explain(q, k, v)
+    assert "auto -> native" in al.explain(q, k, v)
     assert "auto -> sdpa" in al.explain(q[:, :, :1024], k[:, :, :1024], v[:, :, :1024])
     assert "auto -> sdpa" in al.explain(q.requires_grad_(), k, v)
+
+
+def test_auto_trains_plain_causal_in_the_compiled_kernel_from_4096():
+    q, k, v = (torch.randn(1, 1, 4096, 8, requires_grad=True) for _ in range(3))
+    assert "auto -> native" in al.explain(q, k, v, causal=True)
+    assert "auto -> sdpa" in al.explain(q.detach(), k.detach(), v.detach(), causal=True)     # forward: level, SDPA
+    small = [t[:, :, :2048] for t in (q, k, v)]
+    assert "auto -> sdpa" in al.explain(*small, causal=True)

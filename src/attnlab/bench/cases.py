@@ -35,7 +35,7 @@ MASK_KINDS = {
     "documents": "packed documents: n split into --docs equal-length documents (masks.documents(ids)); "
                  "attention stays within a document, not causal",
     "alibi": "ALiBi-like bias -slope_h * |i - j| (slope_h = 2^(-8h/H), h = 1..H) with a causal mask, "
-             "as a FunctionBias (computed per tile, never materialized by tiled)",
+             "as a relative FunctionBias (computed per tile by tiled, read from an O(n) table by native)",
 }
 MODES = {"fwd": "forward only, under torch.no_grad()",
          "fwdbwd": "forward + out.backward(grad), q, k, v require grad"}
@@ -116,7 +116,9 @@ def attnlab_mask(case: Case):
     if kind == "documents":
         return masks.documents(document_ids(case)), None
     if kind == "alibi":
-        return masks.causal(), FunctionBias(_alibi_tile, alibi_slopes(case))
+        bias = FunctionBias(_alibi_tile, alibi_slopes(case))
+        bias.relative = True          # a function of (h, j - i) only: native reads it as a per-offset table
+        return masks.causal(), bias
     raise ValueError(f"unknown mask kind {kind!r}; choose from {list(MASK_KINDS)}")
 
 

@@ -23,9 +23,12 @@ __all__ = ["attention", "explain", "choose_backend"]
 # than skipping saves, and SDPA with the dense mask is faster (measured, B=1 H=8 D=64: causal &
 # padding n=512 0.87x, n=1024 1.24x; window(128, 0) n=256 0.50x, n=512 1.16x; docs/benchmarks.md).
 SMALL_PROBLEM = 512 * 512
-# From this many score entries per head, a bf16 forward pass is faster in the tiled kernel
-# (n = 4096: 1.15x SDPA; with backward the two are level, so SDPA keeps training).
+# From this many score entries per head, a bf16 forward pass goes to the compiled kernel (n = 8192:
+# none 1.04x, causal 1.00x SDPA), or to the tiled one where native is not built (n = 4096: 1.15x).
 BF16_TILED_FROM = 2048 * 2048
+# From this many score entries per head, plain causal training (forward + backward) is faster in the
+# compiled kernel (n = 4096 fp32: 435 vs 456 ms, 1.05x SDPA; the forward alone is level: 0.95-1.04x).
+NATIVE_CAUSAL_TRAIN_FROM = 4096 * 4096
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
@@ -64,10 +67,15 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     if sdpa_ok and plain:
-        if (req.q.dtype == torch.bfloat16 and "tiled" in runnable and not req.needs_grad
+        if "native" in runnable and req.is_causal_only and req.needs_grad and L * S >= NATIVE_CAUSAL_TRAIN_FROM:
+            return "native", ("causal with gradients: the compiled kernel's forward+backward measured 1.05x "
+                              "SDPA's at n = 4096 (docs/benchmarks.md, native)")
+        bf16_kernel = "native" if "native" in runnable else "tiled"
+        if (req.q.dtype == torch.bfloat16 and bf16_kernel in runnable and not req.needs_grad
                 and L * S >= BF16_TILED_FROM):
-            return "tiled", ("bf16 forward: SDPA's CPU flash kernel reaches ~35% of the bf16 matmul peak, "
-                             "the tiled kernel ~1.15x its speed here (docs/benchmarks.md)")
+            return bf16_kernel, ("bf16 forward: SDPA's CPU flash kernel reaches ~35% of the bf16 matmul peak; "
+                                 f"the {bf16_kernel} kernel measured 1.00-1.04x its speed at n = 8192 "
+                                 "(docs/benchmarks.md)")
         return "sdpa", "no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact path"
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
