@@ -59,9 +59,13 @@ def none_if_empty(t: Tensor):
 
 def _legacy_vmap_level():
     """The level of the legacy vmap (torch._vmap_internals) running now, or None outside it."""
-    level = torch._C._vmapmode_increment_nesting()
-    torch._C._vmapmode_decrement_nesting()
-    return level - 1 if level > 1 else None
+    if torch.compiler.is_compiling():        # traced code never runs under the legacy vmap; and probing
+        return None                          # the nesting while tracing leaked a level (later backward()
+    level = torch._C._vmapmode_increment_nesting()      # calls then failed "inside torch.vmap")
+    try:
+        return level - 1 if level > 1 else None
+    finally:
+        torch._C._vmapmode_decrement_nesting()
 
 
 def _is_legacy_batched(t: Tensor) -> bool:
