@@ -27,7 +27,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
     std::vector<acc_t> s(pb.BQ * pb.BK);                 // (BQ, BK) logits, then probabilities
     std::vector<scalar_t> p_in(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * pb.BK);   // P rounded for the GEMM
     std::vector<acc_t> o(pb.BQ * pb.Dv);                 // (BQ, Dv) unnormalized output
-    std::vector<acc_t> m(pb.BQ), l(pb.BQ);               // running max (base 2) and sum per row
+    std::vector<acc_t> m(pb.BQ), l(pb.BQ);               // running max and sum per row
     RowPlan rp(pb.BQ);
 
     for (int64_t unit = begin; unit < end; ++unit) {

@@ -3,7 +3,7 @@
 The same algorithm as ``tiled`` (FlashAttention-2 forward with online softmax and per-row LSE,
 and its backward), written in C++ so that one call is one parallel region over (batch, head,
 query tile) with no Python in the loop: fused (query tile x key chunk) blocks whose scores stay in
-cache, BLAS on the tiles, vectorized exp2 (``at::vec``). Masks reach it as per-row key intervals
+cache, BLAS on the tiles, vectorized exp (``at::vec``). Masks reach it as per-row key intervals
 (``Mask.row_spans``) -- each query tile visits only the keys its rows may attend, rows are skipped,
 full or masked one by one -- and, for masks with no interval form, as a bit-packed dense mask.
 Biases reach it as a tensor or as a small table (``StructuredBias.table``: ALiBi and T5 as one
@@ -360,7 +360,7 @@ def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
 def _weights(q, k, mask, bias, scale, softcap) -> Tensor:
     """(B, H, L, S) weights: the reference's softmax of the same logits (0 on empty rows).
 
-    Computed from the logits rather than as exp(logits - lse): the kernel's base-2 LSE is exact to
+    Computed from the logits rather than as exp(logits - lse): the kernel's LSE is exact to
     an ulp of its magnitude, which exp() would turn into a relative error of ~1e-6 on every weight.
     """
     acc = accum_dtype(q.dtype)
