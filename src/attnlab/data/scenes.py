@@ -55,22 +55,32 @@ def caption_words(a: int, b: int, layout: int) -> list[str]:
     return ["a", str(a), *LAYOUTS[layout][0].split(), "a", str(b)]
 
 
-def encode(words: list[str]) -> list[int]:
-    unknown = [w for w in words if w not in _ID]
+def encode_words(words: list[str], index: dict[str, int], name: str) -> list[int]:
+    """Words -> ids by ``index`` (word -> id; ids 0-2 are PAD, BOS, EOS); unknown words are an error."""
+    unknown = [w for w in words if w not in index]
     if unknown:
-        raise ValueError(f"words {unknown} are not in the scene vocabulary {VOCAB}")
-    return [_ID[w] for w in words]
+        raise ValueError(f"words {unknown} are not in the {name} vocabulary {list(index)}")
+    return [index[w] for w in words]
 
 
-def decode(ids) -> str:
-    """Token ids -> text, stopping at EOS and skipping PAD, BOS and ignored (-100) targets."""
+def decode_words(ids, vocab: list[str]) -> str:
+    """Token ids -> text, stopping at EOS and skipping PAD, BOS and ignored (-100) positions."""
     words = []
     for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
         if i == EOS:
             break
         if i not in (PAD, BOS, IGNORE):
-            words.append(VOCAB[i])
+            words.append(vocab[i])
     return " ".join(words)
+
+
+def encode(words: list[str]) -> list[int]:
+    return encode_words(words, _ID, "scene")
+
+
+def decode(ids) -> str:
+    """Token ids -> caption text (see ``decode_words``)."""
+    return decode_words(ids, VOCAB)
 
 
 @dataclass

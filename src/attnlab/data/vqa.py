@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .scenes import LAYOUTS, SceneBatch, Scenes
+from .scenes import LAYOUTS, SceneBatch, Scenes, decode_words, encode_words
 
 __all__ = ["VOCAB", "PAD", "BOS", "EOS", "IGNORE", "MAX_LEN", "KINDS", "CHANCE", "CELL_NAMES", "SceneQuestions",
            "QuestionBatch", "answer_words", "encode", "decode", "question_text"]
@@ -56,21 +56,12 @@ MAX_LEN = 9        # BOS + the longest question and answer: "what is left of the
 
 
 def encode(words: list[str]) -> list[int]:
-    unknown = [w for w in words if w not in _ID]
-    if unknown:
-        raise ValueError(f"words {unknown} are not in the VQA vocabulary {VOCAB}")
-    return [_ID[w] for w in words]
+    return encode_words(words, _ID, "VQA")
 
 
 def decode(ids) -> str:
-    """Token ids -> text, stopping at EOS and skipping PAD, BOS and ignored (-100) positions."""
-    words = []
-    for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
-        if i == EOS:
-            break
-        if i not in (PAD, BOS, IGNORE):
-            words.append(VOCAB[i])
-    return " ".join(words)
+    """Token ids -> question/answer text (see ``scenes.decode_words``)."""
+    return decode_words(ids, VOCAB)
 
 
 def question_text(tgt_in) -> str:
