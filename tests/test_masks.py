@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from attnlab.functional import masks
+import attnlab as al
+from attnlab.functional import masks, tiles
 from attnlab.functional.masks import EMPTY, FULL, PARTIAL
 
 
@@ -62,12 +63,70 @@ def test_tile_kinds_agree_with_dense(name, L, S, bq, bk):
 
 
 @pytest.mark.parametrize("name", list(all_masks()))
-def test_blocks_are_slices_of_dense(name):
+def test_tiles_are_slices_of_dense(name):
     m = all_masks()[name]
     L, S = 17, 23
     full = m.dense(L, S).expand(2, -1, L, S)
-    blk = m.block(3, 11, 5, 20, L, S).expand(2, -1, 8, 15)
-    assert torch.equal(blk, full[:, :, 3:11, 5:20])
+    tile = m.tile(3, 11, 5, 20, L, S).expand(2, -1, 8, 15)
+    assert torch.equal(tile, full[:, :, 3:11, 5:20])
+
+
+def test_block_is_a_deprecated_alias_of_tile():
+    m = masks.causal() & masks.window(3, 0)
+    with pytest.warns(DeprecationWarning, match="Mask.tile"):
+        old = m.block(2, 9, 1, 7, 11, 13)
+    with pytest.warns(DeprecationWarning, match="Mask.tile_key"):
+        old_key = m.block_key(2, 9, 1, 7, 11, 13)
+    assert torch.equal(old, m.tile(2, 9, 1, 7, 11, 13)) and old_key == m.tile_key(2, 9, 1, 7, 11, 13)
+
+
+def test_a_mask_written_with_the_old_names_still_works():
+    """A third-party subclass that defines block / block_key (the names before "tile") keeps working."""
+    with pytest.warns(DeprecationWarning, match="old name of Mask.tile"):
+        class OldEvenKeys(masks.Mask):
+            def block(self, r0, r1, c0, c1, L, S):
+                return (torch.arange(c0, c1) % 2 == 0)[None, None, None]          # (1, 1, 1, lc)
+
+            def block_key(self, r0, r1, c0, c1, L, S):
+                return ("even", r1 - r0, c0 % 2, c1 - c0)
+
+            def tile_kinds(self, L, S, block_q, block_k):
+                return torch.full((1, -(-L // block_q), -(-S // block_k)), PARTIAL, dtype=torch.int8)
+
+    m = OldEvenKeys() & masks.causal()
+    want = (torch.arange(9)[None, :] % 2 == 0) & masks.causal().dense(6, 9)[0, 0]
+    assert torch.equal(m.dense(6, 9)[0, 0], want)
+    assert m.tile_key(0, 4, 2, 6, 6, 9) == (("even", 4, 0, 4), ("causal", 4, 4, 1))
+    q = torch.randn(1, 2, 6, 4, dtype=torch.float64)
+    k, v = torch.randn(2, 1, 2, 9, 4, dtype=torch.float64)
+    out = al.attention(q, k, v, mask=m, backend="tiled")
+    ref = al.attention(q, k, v, mask=masks.dense(want), backend="reference")
+    torch.testing.assert_close(out, ref)
+
+
+def test_tile_helpers():
+    r0, r1, c0, c1 = tiles.tile_bounds(10, 7, 4, 3)
+    assert (r0.flatten().tolist(), r1.flatten().tolist()) == ([0, 4, 8], [4, 8, 10])
+    assert (c0.flatten().tolist(), c1.flatten().tolist()) == ([0, 3, 6], [3, 6, 7])
+    got = tiles.classify(torch.tensor([[True], [False], [False]]), torch.tensor([[True, False]]))
+    assert got.dtype == torch.int8 and got.tolist() == [[EMPTY, EMPTY], [FULL, PARTIAL], [FULL, PARTIAL]]
+    x = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    assert tiles.tile_reduce(x, 2, 99, torch.amin).tolist() == [[1, 1, 5], [2, 5, 3]]
+    a = tiles.interval_spans(torch.tensor([0, 2, 5]), torch.tensor([4, 1, 9]))     # (1, 3, 1, 2); hi >= lo
+    assert a.tolist() == [[[[0, 4]], [[2, 2]], [[5, 9]]]]
+    b = torch.tensor([[[[1, 2], [3, 9]]] * 3])                                    # (1, 3, 2, 2)
+    assert tiles.intersect_spans(a, b)[0, 2].tolist() == [[5, 5], [5, 9]]
+
+
+def test_mask_modules_do_not_import_back():
+    """tiles <- mask_base <- {patterns, varlen} <- masks: the helpers never import the namespace."""
+    import ast
+    import pathlib
+    root = pathlib.Path(masks.__file__).parent
+    for name in ("tiles", "mask_base", "patterns", "varlen"):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        assert "masks" not in imported, f"functional/{name}.py imports .masks: that makes a cycle"
 
 
 def test_dense_values():

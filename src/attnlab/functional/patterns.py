@@ -1,6 +1,6 @@
 """Structured sparse attention patterns: Sparse Transformer, Longformer, BigBird and block layouts.
 
-Every pattern is a ``masks.Mask``: it builds any (rows x keys) block on demand and classifies
+Every pattern is a ``masks.Mask``: it builds any (rows x keys) tile on demand and classifies
 tiles exactly (EMPTY = no allowed pair, FULL = every pair allowed), so the tiled and sparse
 backends skip empty tiles without ever forming the (L, S) mask. As everywhere in attnlab, query
 row ``i`` sits at position ``p = i + S - L`` (bottom-right), so decoding (L < S) needs no special case.
@@ -25,7 +25,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .masks import EMPTY, FULL, PARTIAL, Mask, _interval_kinds, _tile_starts
+from .mask_base import Mask
+from .tiles import EMPTY, FULL, classify, interval_kinds, tile_bounds, tile_reduce
 
 __all__ = ["dilated_window", "strided", "fixed", "global_window", "bigbird", "block_sparse",
            "BIGBIRD_DEFAULT_SEED"]
@@ -45,17 +46,9 @@ def _fdiv(a: Tensor, b: int) -> Tensor:
     return torch.div(a, b, rounding_mode="floor")
 
 
-def _kinds(empty: Tensor, full: Tensor) -> Tensor:
-    """(1, nq, nk) int8 tile kinds from (nq, nk) bool tensors: EMPTY wins over FULL."""
-    kinds = torch.full(empty.shape, PARTIAL, dtype=torch.int8)
-    kinds[full] = FULL
-    kinds[empty] = EMPTY
-    return kinds.unsqueeze(0)
-
-
-def _positions(L: int, S: int, block_q: int, block_k: int):
+def _positions(L: int, S: int, tile_q: int, tile_k: int):
     """Per tile: first/last query position (nq, 1), first/one-past-last key (1, nk), area (nq, nk)."""
-    r0, r1, c0, c1 = _tile_starts(L, S, block_q, block_k)
+    r0, r1, c0, c1 = tile_bounds(L, S, tile_q, tile_k)
     return r0 + (S - L), r1 - 1 + (S - L), c0, c1, (r1 - r0) * (c1 - c0)
 
 
@@ -78,7 +71,7 @@ def _band(p0, p1, c0, c1, left: Optional[int], right: Optional[int]):
     """(empty, full) of the band p - left <= j <= p + right (None = unbounded)."""
     lo = (lambda p: p - left) if left is not None else (lambda p: torch.full_like(p, -_BIG))
     hi = (lambda p: p + right) if right is not None else (lambda p: torch.full_like(p, _BIG))
-    kinds = _interval_kinds(lo(p0), lo(p1), hi(p0), hi(p1), c0, c1)[0]
+    kinds = interval_kinds(lo(p0), lo(p1), hi(p0), hi(p1), c0, c1)[0]
     return kinds == EMPTY, kinds == FULL
 
 
@@ -87,9 +80,9 @@ def _rows_cols(r0: int, r1: int, c0: int, c1: int, L: int, S: int):
 
 
 class _DiagonalMask(Mask):
-    """A mask that depends on p - j only: blocks with equal shape and diagonal offset are shared."""
+    """A mask that depends on p - j only: tiles with equal shape and diagonal offset are shared."""
 
-    def block_key(self, r0, r1, c0, c1, L, S):
+    def tile_key(self, r0, r1, c0, c1, L, S):
         return (repr(self), r1 - r0, c1 - c0, r0 + S - L - c0)
 
 
@@ -100,19 +93,19 @@ class DilatedWindowMask(_DiagonalMask):
         self.left, self.right = _check_int("left", left, 0), _check_int("right", right, 0)
         self.dilation = _check_int("dilation", dilation, 1)
 
-    def block(self, r0, r1, c0, c1, L, S):
+    def tile(self, r0, r1, c0, c1, L, S):
         p, j = _rows_cols(r0, r1, c0, c1, L, S)
         d = j - p
         return ((d >= -self.left * self.dilation) & (d <= self.right * self.dilation)
                 & (d % self.dilation == 0))[None, None]          # (1, 1, lr, lc)
 
-    def tile_kinds(self, L, S, block_q, block_k):
-        p0, p1, c0, c1, area = _positions(L, S, block_q, block_k)
+    def tile_kinds(self, L, S, tile_q, tile_k):
+        p0, p1, c0, c1, area = _positions(L, S, tile_q, tile_k)
         d = self.dilation
         any_ = _progression_any(p0, p1, c0, c1, d, -self.left, self.right)
         # With d > 1 two neighbouring pairs never both qualify: only a single-pair tile can be full.
         full = _band(p0, p1, c0, c1, self.left, self.right)[1] if d == 1 else any_ & (area == 1)
-        return _kinds(~any_, full)
+        return classify(~any_, full)[None]                      # (1, nq, nk)
 
     def __repr__(self):
         return f"dilated_window(left={self.left}, right={self.right}, dilation={self.dilation})"
@@ -124,12 +117,12 @@ class StridedMask(_DiagonalMask):
     def __init__(self, stride: int):
         self.stride = _check_int("stride", stride, 1)
 
-    def block(self, r0, r1, c0, c1, L, S):
+    def tile(self, r0, r1, c0, c1, L, S):
         p, j = _rows_cols(r0, r1, c0, c1, L, S)
         return ((j <= p) & ((j >= p - self.stride) | ((p - j) % self.stride == 0)))[None, None]
 
-    def tile_kinds(self, L, S, block_q, block_k):
-        p0, p1, c0, c1, area = _positions(L, S, block_q, block_k)
+    def tile_kinds(self, L, S, tile_q, tile_k):
+        p0, p1, c0, c1, area = _positions(L, S, tile_q, tile_k)
         l = self.stride
         band_empty, band_full = _band(p0, p1, c0, c1, l, 0)
         any_ = ~band_empty | _progression_any(p0, p1, c0, c1, l, None, 0)
@@ -137,7 +130,7 @@ class StridedMask(_DiagonalMask):
         # band's edge pair (p - j = l + 1) is not on it either: no tile straddling it is full.
         causal_full = (c1 - 1 <= p0).expand_as(any_)
         full = causal_full if l == 1 else band_full | (any_ & (area == 1))
-        return _kinds(~any_, full)
+        return classify(~any_, full)[None]                      # (1, nq, nk)
 
     def __repr__(self):
         return f"strided({self.stride})"
@@ -152,11 +145,11 @@ class FixedMask(Mask):
         if summary > stride:
             raise ValueError(f"c={summary} summary keys per block cannot exceed the block length l={stride}")
 
-    def block_key(self, r0, r1, c0, c1, L, S):
+    def tile_key(self, r0, r1, c0, c1, L, S):
         p0 = r0 + S - L                     # invariant under shifting p and j by a multiple of l
         return ("fixed", self.stride, self.summary, r1 - r0, c1 - c0, p0 - c0, p0 % self.stride)
 
-    def block(self, r0, r1, c0, c1, L, S):
+    def tile(self, r0, r1, c0, c1, L, S):
         p, j = _rows_cols(r0, r1, c0, c1, L, S)
         l = self.stride
         return ((j <= p) & ((_fdiv(j, l) == _fdiv(p, l)) | (j % l >= l - self.summary)))[None, None]
@@ -166,8 +159,8 @@ class FixedMask(Mask):
         l, c = self.stride, self.summary
         return _fdiv(x, l) * c + torch.clamp(x % l - (l - c), min=0)
 
-    def tile_kinds(self, L, S, block_q, block_k):
-        p0, p1, c0, c1, area = _positions(L, S, block_q, block_k)
+    def tile_kinds(self, L, S, tile_q, tile_k):
+        p0, p1, c0, c1, area = _positions(L, S, tile_q, tile_k)
         l, c = self.stride, self.summary
         last = c1 - 1
         # Own block: blocks met by both the rows and the keys; the lowest one holds a pair j <= p
@@ -184,16 +177,10 @@ class FixedMask(Mask):
         lo, hi = torch.maximum(c0, b * l), torch.minimum(c1, (b + 1) * l)
         in_own = torch.where(hi > lo, (hi - lo) - (self._summaries_before(hi) - self._summaries_before(lo)), 0)
         full = (last <= p0) & ((n_plain == 0) | ((b == _fdiv(p1, l)) & (in_own == n_plain)))
-        return _kinds(~(own_any | sum_any), full)
+        return classify(~(own_any | sum_any), full)[None]                      # (1, nq, nk)
 
     def __repr__(self):
         return f"fixed(l={self.stride}, c={self.summary})"
-
-
-def _tile_reduce(x: Tensor, size: int, fill, op) -> Tensor:
-    """Reduce x (n,) over tiles of ``size`` (last tile padded with ``fill``): (nt,)."""
-    pad = (-x.numel()) % size
-    return op(torch.nn.functional.pad(x, (0, pad), value=fill).view(-1, size), -1)
 
 
 class GlobalWindowMask(Mask):
@@ -217,24 +204,24 @@ class GlobalWindowMask(Mask):
         """Bool, same shape as pos: is this position a global token (negative positions are not)?"""
         return torch.isin(pos, self.ids)
 
-    def block(self, r0, r1, c0, c1, L, S):
+    def tile(self, r0, r1, c0, c1, L, S):
         p, j = _rows_cols(r0, r1, c0, c1, L, S)
         return (((p - j).abs() <= self.half) | self._is_global(p) | self._is_global(j))[None, None]
 
-    def tile_kinds(self, L, S, block_q, block_k):
-        p0, p1, c0, c1, _ = _positions(L, S, block_q, block_k)
+    def tile_kinds(self, L, S, tile_q, tile_k):
+        p0, p1, c0, c1, _ = _positions(L, S, tile_q, tile_k)
         band_empty, _ = _band(p0, p1, c0, c1, self.half, self.half)
         pos, keys = torch.arange(L) + (S - L), torch.arange(S)
         g_row, g_col = self._is_global(pos), self._is_global(keys)
-        any_g = _tile_reduce(g_row, block_q, False, torch.any)[:, None] | _tile_reduce(g_col, block_k, False, torch.any)[None, :]
+        any_g = tile_reduce(g_row, tile_q, False, torch.any)[:, None] | tile_reduce(g_col, tile_k, False, torch.any)[None, :]
         # Full iff every non-global row sees every non-global key through the window.
-        nr_lo = _tile_reduce(torch.where(g_row, _BIG, pos), block_q, _BIG, torch.amin)[:, None]
-        nr_hi = _tile_reduce(torch.where(g_row, -_BIG, pos), block_q, -_BIG, torch.amax)[:, None]
-        nc_lo = _tile_reduce(torch.where(g_col, _BIG, keys), block_k, _BIG, torch.amin)[None, :]
-        nc_hi = _tile_reduce(torch.where(g_col, -_BIG, keys), block_k, -_BIG, torch.amax)[None, :]
+        nr_lo = tile_reduce(torch.where(g_row, _BIG, pos), tile_q, _BIG, torch.amin)[:, None]
+        nr_hi = tile_reduce(torch.where(g_row, -_BIG, pos), tile_q, -_BIG, torch.amax)[:, None]
+        nc_lo = tile_reduce(torch.where(g_col, _BIG, keys), tile_k, _BIG, torch.amin)[None, :]
+        nc_hi = tile_reduce(torch.where(g_col, -_BIG, keys), tile_k, -_BIG, torch.amax)[None, :]
         no_plain = (nr_lo == _BIG) | (nc_lo == _BIG)
         full = no_plain | ((nc_hi - nr_lo <= self.half) & (nr_hi - nc_lo <= self.half))
-        return _kinds(band_empty & ~any_g, full)
+        return classify(band_empty & ~any_g, full)[None]                      # (1, nq, nk)
 
     def __repr__(self):
         return f"global_window(w={2 * self.half}, global_ids={self.ids.tolist()})"
@@ -256,7 +243,7 @@ class BlockLayoutMask(Mask):
     def row_offset(self, L: int, S: int) -> int:
         return 0
 
-    def block(self, r0, r1, c0, c1, L, S):
+    def tile(self, r0, r1, c0, c1, L, S):
         lay = self.layout(L, S)                                   # (Hm, nI, nJ)
         b, off = self.block_size, self.row_offset(L, S)
         rows = torch.arange(r0, r1) + off
@@ -264,10 +251,10 @@ class BlockLayoutMask(Mask):
         got = lay[:, _fdiv(rows.clamp(min=0), b)][:, :, _fdiv(cols, b)]   # (Hm, lr, lc)
         return (got & (rows >= 0)[None, :, None])[None]         # (1, Hm, lr, lc)
 
-    def tile_kinds(self, L, S, block_q, block_k):
+    def tile_kinds(self, L, S, tile_q, tile_k):
         lay = self.layout(L, S)
         b, off = self.block_size, self.row_offset(L, S)
-        r0, r1, c0, c1 = _tile_starts(L, S, block_q, block_k)
+        r0, r1, c0, c1 = tile_bounds(L, S, tile_q, tile_k)
         p0, p1 = r0 + off, r1 - 1 + off
         # Inclusive ranges of layout rows/cols each tile touches; rows with p < 0 allow nothing.
         I0, I1 = _fdiv(p0.clamp(min=0), b), _fdiv(p1.clamp(min=0), b)
@@ -277,7 +264,7 @@ class BlockLayoutMask(Mask):
         area = (I1 - I0 + 1) * (J1 - J0 + 1)                      # (nq, nk)
         empty = ((count == 0) | (p1 < 0)).all(0)                  # per-head layouts: empty for every head
         full = ((count == area) & (p0 >= 0)).all(0)
-        return _kinds(empty, full)
+        return classify(empty, full)[None]                      # (1, nq, nk)
 
 
 class BigBirdMask(BlockLayoutMask):
