@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from attnlab.cli import main
-from attnlab.cli_lm import stream_with_stops
+from attnlab.cli.generate import stream_with_stops
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i % 7} + {i % 5}\n\n" for i in range(80))
 TRAIN = ["--preset", "nano", "--block-size", "16", "--batch-size", "4", "--eval-iters", "2", "--eval-interval", "2",
@@ -176,7 +176,7 @@ def test_train_errors_name_flags(tmp_path, monkeypatch, capsys, argv, flag):
 
 def test_time_limit_wins_over_a_presets_step_count():
     from attnlab.cli import build_parser
-    from attnlab.cli_train import _overrides
+    from attnlab.cli.train import _overrides
     from attnlab.tasks import get_spec
     from attnlab.train import TrainConfig
     args = build_parser().parse_args(["train", "gpt", "--preset", "nano", "--time-limit", "1"])

@@ -139,7 +139,7 @@ def test_ctrl_c_anywhere_in_the_cli_is_a_line_and_status_130(monkeypatch, capsys
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run_bench", interrupted)                  # the parser is built after this
+    monkeypatch.setattr(cli.bench, "_run_bench", interrupted)            # the parser is built after this
     assert cli.main(["bench", "--quick"]) == 130
     err = capsys.readouterr().err
     assert "attnlab: interrupted" in err and "Traceback" not in err

@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from attnlab.cli_show import add_show
+from attnlab.cli.show import add_show
 from attnlab.lab.heatmaps import (MAX_LABELS, cross_attention, head_grid, layer_head_grid, patch_attention,
                                   plot_head, save, tick_positions)
 

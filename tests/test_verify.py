@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from attnlab.cli_verify import add_verify
+from attnlab.cli.verify import add_verify
 from attnlab.lab import exp_basics as eb
 from attnlab.lab import exp_complexity as ec
 from attnlab.lab import verify

@@ -11,7 +11,7 @@ import pytest
 fastapi = pytest.importorskip("fastapi", reason="the web lab needs fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from attnlab.cli_serve import add_serve  # noqa: E402
+from attnlab.cli.serve import add_serve  # noqa: E402
 from attnlab.lab.inspect import attention_maps  # noqa: E402
 from attnlab.web import create_app  # noqa: E402
 from attnlab.web.app import STATIC_DIR  # noqa: E402

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from .cli_util import fail
+from .util import fail
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -38,7 +38,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .web import create_app
+        from ..web import create_app
     except ImportError as e:
         return fail(f"the web lab needs fastapi and uvicorn ({e.name} is missing): pip install fastapi uvicorn")
     if not _port_free(args.port):

@@ -25,7 +25,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .cli_util import fail
+from .util import fail
 
 __all__ = ["add_demo", "DEMO_SENTENCE"]
 
@@ -38,10 +38,10 @@ def _say(msg: str) -> None:
 
 
 def _train_gpt(out: Path, minutes: float, progress: bool) -> Path:
-    from .data.prepare import prepare_lm_data
-    from .models import GPTConfig
-    from .tasks.lm import LMTask
-    from .train import Trainer, TrainConfig
+    from ..data.prepare import prepare_lm_data
+    from ..models import GPTConfig
+    from ..tasks.lm import LMTask
+    from ..train import Trainer, TrainConfig
     final, scratch = out / "gpt", out / ".gpt-training"
     shutil.rmtree(scratch, ignore_errors=True)
     data = prepare_lm_data("docs", "char")
@@ -68,7 +68,7 @@ def _train_gpt(out: Path, minutes: float, progress: bool) -> Path:
 def _generate(path: Path, n_tokens: int) -> None:
     import torch
 
-    from .train import load_gpt
+    from ..train import load_gpt
     model, tok = load_gpt(path)
     ids = torch.tensor([tok.encode(DEMO_PROMPT)])                        # (1, P)
     t0 = time.perf_counter()
@@ -79,8 +79,8 @@ def _generate(path: Path, n_tokens: int) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from .lab.verify import run_verify
-    from .cli_show import show_text
+    from ..lab.verify import run_verify
+    from .show import show_text
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,8 +94,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         for c in result.claims:
             print(f"  {'PASS' if c.passed else 'FAIL'}  {c.id}  ({c.seconds:.1f} s)")
         _say("4/4 rendering attention maps")
-        from .lab.inspect import register_model
-        from .train import load_gpt
+        from ..lab.inspect import register_model
+        from ..train import load_gpt
         register_model("demo-run", lambda: load_gpt(gpt), description=f"the demo's GPT ({gpt})")
         maps = show_text("demo-run", DEMO_PROMPT.strip(), out=str(out / "maps"), stem="gpt")
         maps += show_text("minilm", DEMO_SENTENCE, layer=5, head=4, out=str(out / "maps"), stem="minilm")

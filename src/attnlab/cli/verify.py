@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from .cli_util import fail
+from .util import fail
 
 __all__ = ["add_verify", "format_table"]
 
@@ -22,7 +22,7 @@ DEFAULT_OUT = "runs/verify"
 
 def format_table(claims, width: int = 100) -> str:
     """One line per claim: PASS/FAIL/ERROR, id, seconds, the headline measurement (cut to ``width``)."""
-    from .lab.report import summary_text
+    from ..lab.report import summary_text
     w = max([len(c.id) for c in claims] + [5])
     lines = []
     for c in claims:
@@ -33,7 +33,7 @@ def format_table(claims, width: int = 100) -> str:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from .lab.verify import UnknownClaimError, collect, run_verify, select
+    from ..lab.verify import UnknownClaimError, collect, run_verify, select
     if args.list:
         try:
             entries = select(collect(), args.only)

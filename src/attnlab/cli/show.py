@@ -25,8 +25,8 @@ import re
 from pathlib import Path
 from typing import Callable, Optional
 
-from .cli_show_tasks import show_evoformer, show_vqa
-from .cli_util import fail
+from .show_tasks import show_evoformer, show_vqa
+from .util import fail
 
 __all__ = ["add_show", "show_text", "DEFAULT_OUT"]
 
@@ -52,8 +52,8 @@ def show_text(name: str, text: str, *, layer: Optional[int] = None, head: Option
     Example:
         show_text("toy-encoder", "the dog bit the man", layer=0, head=1)   # [.../toy-encoder-layer0.png, ...]
     """
-    from .lab.heatmaps import FORMATS, head_grid, layer_head_grid, plot_head, save
-    from .lab.inspect import attention_maps
+    from ..lab.heatmaps import FORMATS, head_grid, layer_head_grid, plot_head, save
+    from ..lab.inspect import attention_maps
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     # one pass on the reference backend: exact weights, no second run to measure agreement
@@ -82,13 +82,13 @@ def _stem(checkpoint) -> str:
 
 def _checkpoint_kind(path: str) -> str:
     """The task that wrote the checkpoint at ``path`` (GPT checkpoints from before tasks have none)."""
-    from .train.checkpoint import load_checkpoint
+    from ..train.checkpoint import load_checkpoint
     return load_checkpoint(path).extra.get("task", "gpt")
 
 
 def _show_gpt_checkpoint(args: argparse.Namespace) -> list[Path]:
-    from .lab.inspect import register_model
-    from .train.checkpoint import load_gpt
+    from ..lab.inspect import register_model
+    from ..train.checkpoint import load_gpt
     ckpt = Path(args.checkpoint)
     # a registered name, so the checkpoint gets the same tokenizing, caps and checks as the built-in models
     name = _stem(ckpt)
@@ -124,7 +124,7 @@ def _show_vit(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     """Per layer, where the pooled output ([CLS], or the mean of all queries) looks in test image N; rollout."""
     import torch
 
-    from .lab.heatmaps import patch_attention, save
+    from ..lab.heatmaps import patch_attention, save
     _unused(args, "vit", "--text", "--source")
     i = args.image_index or 0
     raw, x, label = task.test_example(i)                              # (C, H, W) pixels; (1, C, H', W') model input
@@ -149,8 +149,8 @@ def _show_vit(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
 
 def _show_captioner(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     """Caption test scene N, then per decoder layer where each generated word looked in the image."""
-    from .data.scenes import EOS, VOCAB
-    from .lab.heatmaps import cross_attention, save
+    from ..data.scenes import EOS, VOCAB
+    from ..lab.heatmaps import cross_attention, save
     _unused(args, "captioner", "--text", "--source")
     i = args.image_index or 0
     raw, x, truth = task.test_example(i)                              # (C, H, W); (1, C, H, W); the true caption
@@ -173,8 +173,8 @@ def _show_seq2seq(args: argparse.Namespace, model, task, stem: str) -> list[Path
     """Greedy-decode --source, then per decoder layer its cross-attention heads (output rows, source columns)."""
     import torch
 
-    from .data.seq2seq_tasks import EOS
-    from .lab.heatmaps import cross_attention, plot_head, save
+    from ..data.seq2seq_tasks import EOS
+    from ..lab.heatmaps import cross_attention, plot_head, save
     _unused(args, "seq2seq", "--text", "--image-index")
     if not args.source:
         raise ValueError("--source is required for seq2seq checkpoints: the input sequence to transduce")
@@ -205,7 +205,7 @@ def _show_seq2seq(args: argparse.Namespace, model, task, stem: str) -> list[Path
 
 def _show_code_checkpoint(args: argparse.Namespace) -> list[Path]:
     """The bracket head and the def -> use head of a code GPT (`attnlab train code`), on --text or an example."""
-    from .lab.code_pictures import show_code
+    from ..lab.code_pictures import show_code
     _unused(args, "code", "--source", "--image-index", "--layer", "--head")
     return show_code(args.checkpoint, args.text, out=args.out, fmt=args.format, stem=_stem(args.checkpoint))
 
@@ -213,7 +213,7 @@ def _show_code_checkpoint(args: argparse.Namespace) -> list[Path]:
 def _show_task_checkpoint(render) -> Callable[[argparse.Namespace], list[Path]]:
     """A renderer for a checkpoint rebuilt through the task registry (model in eval mode, task)."""
     def show(args: argparse.Namespace) -> list[Path]:
-        from .tasks import load_model
+        from ..tasks import load_model
         model, task = load_model(args.checkpoint)
         return render(args, model, task, _stem(args.checkpoint))
     return show
@@ -232,9 +232,9 @@ _CHECKPOINT_RENDERERS: dict[str, Callable[[argparse.Namespace], list[Path]]] = {
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from .lab.heatmaps import FORMATS
-    from .lab.inspect import ModelLoadError
-    from .train.checkpoint import CheckpointError
+    from ..lab.heatmaps import FORMATS
+    from ..lab.inspect import ModelLoadError
+    from ..train.checkpoint import CheckpointError
     try:
         if args.format not in FORMATS:
             raise ValueError(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")

@@ -1,6 +1,5 @@
-"""The ``attnlab`` command: one argparse subcommand per job (``attnlab --help`` lists them).
+"""``attnlab bench``: the kernel table by default, or one of the other benchmarks instead.
 
-    attnlab demo | train NAME | eval RUN | generate RUN | verify | show | serve   (their own cli_*.py modules)
     attnlab bench --quick                         # about a minute: the table, and bench-results/kernels.json
     attnlab bench --n 8192 --mask window documents --mode fwd --dtype float32
     attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
@@ -11,22 +10,19 @@
     attnlab bench --lm [--quick]                  # GPT training tokens/s vs nanoGPT; KV-cache generation
     attnlab bench --device cuda [--quick]         # on a GPU: the triton kernel vs SDPA flash and FlexAttention
 
-Adding a subcommand: write ``_add_<name>(sub)`` that builds its parser and sets ``run=``, and
-list it in ``SUBCOMMANDS``. Progress goes to stderr (through ``logging``), results to stdout.
+Progress goes to stderr (through ``logging``), the table to stdout, the report to a JSON file.
 """
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
-from typing import Callable, Optional
+from typing import Optional
 
-from .cli_util import EXIT_INTERRUPTED, fail
+from ..functional import available_backends
+from .util import fail
 
-from .functional import available_backends
-
-__all__ = ["main", "build_parser"]
+__all__ = ["add_bench"]
 
 DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
 DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
@@ -39,7 +35,7 @@ DEFAULT_HF_JSON = "bench-results/hf.json"
 
 def _bench_config(args: argparse.Namespace):
     """BenchConfig from the defaults, then the --quick preset, then the options given explicitly."""
-    from .bench import QUICK, BenchConfig
+    from ..bench import QUICK, BenchConfig
     cfg = BenchConfig(**(QUICK if args.quick else {}))
     given = {"n": args.n, "dtypes": args.dtype, "masks": args.mask, "modes": args.mode, "backends": args.backend,
              "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "window": args.window,
@@ -66,7 +62,7 @@ def _bench_config(args: argparse.Namespace):
 
 def _complexity(args: argparse.Namespace):
     """(report, text, json path, plot paths) of ``--complexity``: its defaults, --quick, then explicit options."""
-    from .bench.complexity import COMPLEXITY_QUICK, ComplexityConfig, format_complexity, plot_complexity, run_complexity
+    from ..bench.complexity import COMPLEXITY_QUICK, ComplexityConfig, format_complexity, plot_complexity, run_complexity
     cfg = ComplexityConfig(**(COMPLEXITY_QUICK if args.quick else {}))
     given = {"n": args.n, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "window": args.window,
              "repeats": args.repeats, "memory_limit_gb": args.memory_limit_gb, "memory": args.memory,
@@ -89,7 +85,7 @@ def _complexity(args: argparse.Namespace):
 
 def _favor_accuracy(args: argparse.Namespace):
     """(report, text, json path, plot paths) of ``--favor-accuracy``."""
-    from .bench.accuracy import ACCURACY_QUICK, AccuracyConfig, format_accuracy, plot_accuracy, run_favor_accuracy
+    from ..bench.accuracy import ACCURACY_QUICK, AccuracyConfig, format_accuracy, plot_accuracy, run_favor_accuracy
     cfg = AccuracyConfig(**(ACCURACY_QUICK if args.quick else {}))
     for key, val in {"n": (args.n or [None])[0], "batch": args.batch, "heads": args.heads,
                      "head_dim": args.head_dim}.items():
@@ -102,7 +98,7 @@ def _favor_accuracy(args: argparse.Namespace):
 
 def _lm(args: argparse.Namespace):
     """(report, text, json path, no plots) of ``--lm``: its defaults, --quick, then --batch / --repeats."""
-    from .bench.lm import LM_QUICK, LMBenchConfig, format_lm, run_lm
+    from ..bench.lm import LM_QUICK, LMBenchConfig, format_lm, run_lm
     given = {k: v for k, v in {"batch": args.batch, "repeats": args.repeats}.items() if v is not None}
     report = run_lm(LMBenchConfig(**{**(LM_QUICK if args.quick else {}), **given}), args.argv)
     return report, format_lm(report), args.json or DEFAULT_LM_JSON, []
@@ -110,7 +106,7 @@ def _lm(args: argparse.Namespace):
 
 def _minilm(args: argparse.Namespace):
     """(report, text, json path, no plots) of ``--minilm``: its defaults, --quick, then --n/--batch/--backend/--repeats."""
-    from .bench.minilm import MINILM_QUICK, MiniLMBenchConfig, format_minilm, run_minilm
+    from ..bench.minilm import MINILM_QUICK, MiniLMBenchConfig, format_minilm, run_minilm
     cfg = MiniLMBenchConfig(**(MINILM_QUICK if args.quick else {}))
     if args.n is not None or args.batch is not None:
         cfg.cases = [(args.batch or B, L) for B, L in cfg.cases] if args.n is None else \
@@ -123,7 +119,7 @@ def _minilm(args: argparse.Namespace):
 
 def _hf(args: argparse.Namespace):
     """(report, text, json path, no plots) of ``--hf``: its defaults, --quick, then --n/--docs/--batch/--backend/--repeats."""
-    from .bench.hf import HF_QUICK, HFBenchConfig, format_hf, run_hf
+    from ..bench.hf import HF_QUICK, HFBenchConfig, format_hf, run_hf
     given = {"n": args.n, "docs": args.docs, "batch": args.batch, "backends": args.backend, "repeats": args.repeats}
     cfg = HFBenchConfig(**{**(HF_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
     report = run_hf(cfg, args.argv)
@@ -163,8 +159,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
-    from .bench.scaling import ScalingConfig
+    from ..bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
+    from ..bench.scaling import ScalingConfig
     argv = args.argv
     t0 = time.perf_counter()
     plots: list[str] = []
@@ -173,7 +169,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--contention times the kernel bench's cases (--n, --mask, --mode, --dtype, --backend); "
                          f"it does not apply to {other[0]}: drop one of the two")
     if args.device == "cuda":
-        from .bench.gpu import from_cli
+        from ..bench.gpu import from_cli
         report, text, path, plots = from_cli(args)
     elif args.minilm:
         report, text, path, plots = _minilm(args)
@@ -199,8 +195,8 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_bench(sub) -> None:
-    from .bench.cases import DTYPES, MASK_KINDS, MODES
+def add_bench(sub) -> None:
+    from ..bench.cases import DTYPES, MASK_KINDS, MODES
     b = sub.add_parser(
         "bench", help="time attention kernels against torch SDPA and FlexAttention",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -272,39 +268,3 @@ def _add_bench(sub) -> None:
                         f"--complexity, {DEFAULT_ACCURACY_JSON} with --favor-accuracy, {DEFAULT_LM_JSON} "
                         f"with --lm; PNGs beside it)")
     b.set_defaults(run=_run_bench)
-
-
-from .cli_demo import add_demo  # noqa: E402  (each command family lives in its own module)
-from .cli_lm import add_generate  # noqa: E402
-from .cli_serve import add_serve  # noqa: E402
-from .cli_show import add_show  # noqa: E402
-from .cli_train import add_eval, add_train  # noqa: E402
-from .cli_verify import add_verify  # noqa: E402
-
-SUBCOMMANDS: list[Callable] = [add_demo, add_train, add_eval, add_generate, add_verify, add_show, add_serve, _add_bench]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnlab", description="attnlab: exact, tested self-attention.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(sub)
-    return p
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    args.argv = argv                      # recorded in the report's metadata
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.getLogger("attnlab")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        return args.run(args)
-    except KeyboardInterrupt:            # Ctrl-C outside a command's own handling: a line, not a traceback
-        print("\nattnlab: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        logger.removeHandler(handler)    # main() may be called again in-process (tests)

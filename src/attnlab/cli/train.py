@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_util import EXIT_INTERRUPTED, fail
-from .tasks import get_spec, task_names
+from .util import EXIT_INTERRUPTED, fail
+from ..tasks import get_spec, task_names
 
 __all__ = ["add_train", "add_eval"]
 
@@ -91,7 +91,7 @@ def _out_dir(path: str) -> str:
 def _run_train(args: argparse.Namespace) -> int:
     import logging
 
-    from .train.distributed import DistributedError, init_distributed
+    from ..train.distributed import DistributedError, init_distributed
     try:
         dist = init_distributed(timeout_s=args.dist_timeout)
     except ValueError as e:
@@ -110,7 +110,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _make_trainer(args: argparse.Namespace, spec, dist, say):
-    from .train import Trainer, TrainConfig, load_checkpoint
+    from ..train import Trainer, TrainConfig, load_checkpoint
     _check_flags(args)
     if args.resume is not None:
         source = args.resume or args.out                    # --resume CHECKPOINT, or --out DIR --resume
@@ -156,8 +156,8 @@ def _describe(task) -> str:
 
 
 def _train(args: argparse.Namespace, dist) -> int:
-    from .train import CheckpointError
-    from .train.metrics import format_metrics
+    from ..train import CheckpointError
+    from ..train.metrics import format_metrics
     say = print if dist.is_main else (lambda *a, **k: None)
     spec = get_spec(args.task_name)
     try:
@@ -226,9 +226,9 @@ def add_train(sub) -> None:
 def _run_eval(args: argparse.Namespace) -> int:
     import json
 
-    from .tasks import load_model
-    from .train import CheckpointError
-    from .train.metrics import format_metrics
+    from ..tasks import load_model
+    from ..train import CheckpointError
+    from ..train.metrics import format_metrics
     try:
         model, task = load_model(args.checkpoint)
         metric = task.evaluate(model)

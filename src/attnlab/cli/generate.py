@@ -1,4 +1,4 @@
-"""``attnlab generate``: sample from a GPT trained by ``attnlab train gpt`` (see ``cli_train``).
+"""``attnlab generate``: sample from a GPT trained by ``attnlab train gpt`` (see ``cli.train``).
 
     attnlab generate runs/code --prompt "def " --max-new-tokens 200 --top-k 20 --seed 0 --stop "\\n\\n"
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_util import EXIT_INTERRUPTED, fail
+from .util import EXIT_INTERRUPTED, fail
 
 __all__ = ["add_generate", "stream_with_stops"]
 
@@ -63,9 +63,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .data.tokenization import IncrementalDecoder
-    from .tasks.code_models import load_language_model
-    from .train import CheckpointError
+    from ..data.tokenization import IncrementalDecoder
+    from ..tasks.code_models import load_language_model
+    from ..train import CheckpointError
     try:
         _check_sampling(args)
         model, tok = load_language_model(args.checkpoint)          # a GPT, or the code task's LSTM baseline

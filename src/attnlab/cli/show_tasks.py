@@ -1,4 +1,4 @@
-"""``attnlab show --checkpoint`` pictures for the VQA and Evoformer checkpoints (registered in ``cli_show``).
+"""``attnlab show --checkpoint`` pictures for the VQA and Evoformer checkpoints (registered in ``cli.show``).
 
     attnlab show --checkpoint runs/vqa --image-index 3            # where each answer word looked
     attnlab show --checkpoint runs/evoformer-tagged-axial --image-index 0
@@ -19,9 +19,9 @@ __all__ = ["show_vqa", "show_evoformer"]
 
 def show_vqa(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     """Answer test question N, then per decoder layer where each answer word looked in the image."""
-    from .cli_show import _file, _pick, _unused
-    from .data.vqa import EOS, VOCAB, decode
-    from .lab.heatmaps import cross_attention, save
+    from .show import _file, _pick, _unused
+    from ..data.vqa import EOS, VOCAB, decode
+    from ..lab.heatmaps import cross_attention, save
     _unused(args, "vqa", "--text", "--source")
     i = args.image_index or 0
     raw, x, question, truth = task.test_example(i)          # (C, H, W); (1, C, H, W); (1, Lq); the true answer
@@ -46,8 +46,8 @@ def show_evoformer(args: argparse.Namespace, model, task, stem: str) -> list[Pat
     """Held-out sample N: predicted contacts against the truth, and each block's row attention."""
     import torch
 
-    from .cli_show import _file, _pick, _unused
-    from .lab.heatmaps import head_grid, plot_head, save
+    from .show import _file, _pick, _unused
+    from ..lab.heatmaps import head_grid, plot_head, save
     _unused(args, "evoformer", "--text", "--source")
     i = args.image_index or 0
     samples = [(m[j], c[j]) for m, c in task.test_set() for j in range(len(m))]
