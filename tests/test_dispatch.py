@@ -1,0 +1,84 @@
+"""The small-request shortcut in ``attention``: it must call SDPA exactly where ``auto`` would pick
+it, with the same arguments, and leave every other request (and every bad input) to the full path."""
+import math
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.functional import api
+from attnlab.functional.request import make_request
+
+
+def qkv(B=2, H=3, L=32, S=32, D=16, dtype=torch.float32, Hkv=None, Dv=None):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, L, D, generator=g, dtype=dtype)
+    k = torch.randn(B, Hkv or H, S, D, generator=g, dtype=dtype)
+    v = torch.randn(B, Hkv or H, S, Dv or D, generator=g, dtype=dtype)
+    return q, k, v
+
+
+PLAIN = [dict(), dict(L=128, S=128), dict(L=1, S=16), dict(L=512, S=512), dict(L=7, S=40),
+         dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(B=1, H=1, D=1)]
+
+
+@pytest.mark.parametrize("shape", PLAIN, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_shortcut_is_autos_sdpa_bit_for_bit(shape, causal, scale):
+    q, k, v = qkv(**shape)
+    causal = causal and q.shape[2] == k.shape[2]
+    assert api._plain_small(q, k, v, causal, scale)
+    assert api._auto(make_request(q, k, v, causal=causal, scale=scale))[0] == "sdpa"
+    got = al.attention(q, k, v, causal=causal, scale=scale)
+    want = al.attention(q, k, v, causal=causal, scale=scale, backend="sdpa")
+    assert torch.equal(got, want)
+
+
+def test_shortcut_keeps_gradients():
+    q, k, v = (t.requires_grad_() for t in qkv(dtype=torch.float64))
+    al.attention(q, k, v, causal=True).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    al.attention(q, k, v, causal=True, backend="reference").sum().backward()
+    for got, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(got, t.grad)
+
+
+OTHERS = {
+    "GQA": (dict(H=4, Hkv=2), {}),
+    "Dv != D": (dict(Dv=8), {}),
+    "few keys": (dict(S=15), {}),
+    "large": (dict(L=513, S=512), {}),
+    "causal L != S": (dict(L=16, S=32), dict(causal=True)),
+    "float16": (dict(dtype=torch.float16), {}),
+    "int scale": ({}, dict(scale=1)),
+    "inf scale": ({}, dict(scale=math.inf)),
+    "causal as int": ({}, dict(causal=1)),
+}
+
+
+@pytest.mark.parametrize("name", OTHERS)
+def test_other_requests_take_the_full_path(name):
+    shape, kw = OTHERS[name]
+    q, k, v = qkv(**shape)
+    assert not api._plain_small(q, k, v, kw.get("causal", False), kw.get("scale"))
+
+
+def test_transposed_and_subclass_inputs_take_the_full_path():
+    q, k, v = qkv()
+    assert not api._plain_small(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, False, None)
+
+    class Tagged(torch.Tensor):
+        pass
+    assert not api._plain_small(q.as_subclass(Tagged), k, v, False, None)
+
+
+@pytest.mark.parametrize("kw, error", [
+    (dict(dropout_p=False), TypeError), (dict(scale=math.nan), TypeError), (dict(causal="yes"), TypeError),
+    (dict(return_weights=0), TypeError)])
+def test_bad_arguments_still_get_the_full_checks(kw, error):
+    q, k, v = qkv()
+    with pytest.raises(error):
+        al.attention(q, k, v, **kw)
