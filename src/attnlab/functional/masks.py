@@ -39,8 +39,8 @@ from torch import Tensor
 
 from .mask_base import AndMask, Mask, parts
 from .patterns import bigbird, block_sparse, dilated_window, fixed, global_window, strided
-from .tiles import EMPTY, FULL, PARTIAL, classify, interval_kinds, interval_spans, intersect_spans, tile_bounds, \
-    tile_reduce
+from .tiles import (EMPTY, FULL, PARTIAL, classify, intersect_spans, interval_kinds, interval_spans, tile_bounds,
+                    tile_reduce)
 from .varlen import aligned, padded, varlen
 
 __all__ = ["Mask", "causal", "padding", "window", "documents", "dense", "EMPTY", "PARTIAL", "FULL",
