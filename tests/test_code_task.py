@@ -48,7 +48,7 @@ def test_encode_with_offsets_maps_every_character(data):
 
 
 def test_lstm_is_parameter_matched_and_causal():
-    gpt_cfg = GPTConfig(vocab_size=300, n_layer=2, n_head=2, d_model=32, block_size=64)
+    gpt_cfg = GPTConfig(vocab_size=300, n_layers=2, n_heads=2, d_model=32, max_len=64)
     from attnlab.models import GPT
     target = GPT(gpt_cfg).num_params()
     lstm = CodeLSTM(matched_lstm_config(target, 300, d_embed=32))
@@ -82,11 +82,11 @@ def test_task_trains_saves_and_loads(tmp_path, data):
         Trainer(task, TrainConfig(steps=3, batch_size=2, eval_interval=3, eval_iters=1, warmup_steps=1,
                                   out_dir=str(out)), progress=False).train(plot=False)
         model, again = load_model(out)
-        assert isinstance(again, CodeTask) and again.block_size == task.block_size
+        assert isinstance(again, CodeTask) and again.seq_len == task.seq_len
         assert isinstance(model, CodeLSTM) == (arch == "lstm")
         assert set(again.evaluate(model, batches=1, batch_size=2)) >= {"val_loss", "val_nats_per_char"}
     gpt, tok = load_gpt(tmp_path / "gpt")                      # `attnlab generate` reads it like any GPT
-    assert gpt.cfg.block_size == 256 and tok.vocab_size == 300
+    assert gpt.cfg.max_len == 256 and tok.vocab_size == 300
     from attnlab.lab.code_pictures import show_code
     code = "def f(a):\n    return (a[0])\n\n\ny = f([1])\n"
     paths = show_code(tmp_path / "gpt", code, out=str(tmp_path / "show"), windows=2)

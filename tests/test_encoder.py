@@ -226,7 +226,7 @@ def test_mean_pool_ignores_padding():
 
 
 def test_errors(tiny):
-    with pytest.raises(ValueError, match="max_position=64"):
+    with pytest.raises(ValueError, match="max_len=64"):
         tiny(torch.ones(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="token_type_ids must be integer segment ids in \\[0, 2\\)"):
         tiny(_ids(), token_type_ids=torch.full((2, 9), 2))

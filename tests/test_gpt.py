@@ -11,7 +11,7 @@ SCHEMES = ["learned", "sinusoidal", "rope", "alibi"]
 
 def tiny(positional="learned", **kw) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig.preset("nano", vocab_size=40, block_size=24, positional=positional, **kw)).eval()
+    return GPT(GPTConfig.preset("nano", vocab_size=40, max_len=24, positional=positional, **kw)).eval()
 
 
 @pytest.mark.parametrize("positional", SCHEMES)
@@ -31,7 +31,7 @@ def test_gpt_never_peeks(positional):
 def test_greedy_generation_with_cache_equals_recomputation(positional, backend):
     m = tiny(positional, backend=backend, n_kv_heads=2)
     idx = torch.randint(0, 40, (2, 6))
-    # 30 new tokens overflow block_size=24: both paths must crop the context the same way
+    # 30 new tokens overflow max_len=24: both paths must crop the context the same way
     cached = m.generate(idx, 30, temperature=0, use_cache=True)
     recomputed = m.generate(idx, 30, temperature=0, use_cache=False)
     assert torch.equal(cached, recomputed)
@@ -86,7 +86,7 @@ def test_bad_tokens_and_lengths():
     m = tiny()
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 40\)"):
         m(torch.tensor([[3, 40]]))
-    with pytest.raises(ValueError, match="exceed block_size=24"):
+    with pytest.raises(ValueError, match="exceed max_len=24"):
         m(torch.zeros(1, 25, dtype=torch.long))
     with pytest.raises(TypeError, match="int64"):
         m(torch.zeros(1, 5))
@@ -101,7 +101,7 @@ def test_long_prompt_is_cropped_with_a_warning(caplog):
 
 def test_training_step_lowers_the_loss():
     torch.manual_seed(0)
-    m = GPT(GPTConfig.preset("nano", vocab_size=16, block_size=16)).train()
+    m = GPT(GPTConfig.preset("nano", vocab_size=16, max_len=16)).train()
     idx = torch.randint(0, 16, (4, 17))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     first = m.loss(idx[:, :-1], idx[:, 1:])
@@ -140,7 +140,7 @@ def test_generate_checks_arguments_before_the_first_token():
 
 
 def test_full_context_warns_once(caplog):
-    m = tiny()                                                        # block_size 24
+    m = tiny()                                                        # max_len 24
     with caplog.at_level("WARNING", logger="attnlab"):
         m.generate(torch.zeros(1, 4, dtype=torch.long), 60, temperature=0)
     assert sum("context (24 tokens) is full" in r.getMessage() for r in caplog.records) == 1

@@ -103,7 +103,7 @@ def test_registry_knows_every_model_of_the_theory_and_refuses_others():
 
 
 TEXT = "".join(f"line {i}: the cat sat on mat number {i * 7 % 13}.\n" for i in range(120))
-GPT_FLAGS = ["--preset", "nano", "--block-size", "16", "--batch-size", "4", "--steps", "2", "--warmup", "1",
+GPT_FLAGS = ["--preset", "nano", "--max-len", "16", "--batch-size", "4", "--steps", "2", "--warmup", "1",
              "--eval-iters", "1", "--eval-interval", "2", "--no-progress"]
 
 

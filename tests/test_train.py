@@ -30,7 +30,7 @@ def data(tmp_path_factory):
 
 
 def tiny_trainer(data, out, **over) -> Trainer:
-    mcfg = GPTConfig.preset("nano", vocab_size=data.tokenizer.vocab_size, block_size=16, d_model=32, n_layer=2,
+    mcfg = GPTConfig.preset("nano", vocab_size=data.tokenizer.vocab_size, max_len=16, d_model=32, n_layers=2,
                             dropout=0.1)                               # dropout: the torch RNG must resume too
     cfg = TrainConfig(**{**dict(steps=6, batch_size=4, grad_accum=2, lr=3e-3, warmup_steps=2, eval_interval=3,
                                 eval_iters=2, checkpoint_interval=100, out_dir=str(out)), **over})

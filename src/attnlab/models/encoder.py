@@ -1,7 +1,7 @@
 """Encoder: a BERT-style bidirectional transformer, with MLM and classification heads.
 
     ids (B, L) --word + position[0..L-1] + token_type--> LN --> dropout
-               --n_layer post-norm blocks (GELU)--> h (B, L, C)           ``forward``
+               --n_layers post-norm blocks (GELU)--> h (B, L, C)           ``forward``
     h --dense, GELU, LN, decoder tied to word embeddings (+ bias)--> (B, L, V)      ``mlm_logits``
     h --mean over real tokens--> dense, tanh, dropout, linear--> (B, n_classes)    ``classify``
     h --mean over real tokens--> L2 normalise--> (B, C)                            ``embed_sentences``
@@ -19,7 +19,8 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -29,15 +30,19 @@ from torch import Tensor, nn
 from ..functional.registry import get_backend
 from ..nn import BlockConfig
 from ..nn.blocks import Encoder as BlockStack
-from ..presets import from_preset
+from ..presets import from_preset, upgrade_keys
 from .gpt import GPT
+from .minilm import WordPieceTokenizer, bert_config_fields, has_mlm_head, load_bert_weights, minilm_path, \
+    sentence_max_length
 
 __all__ = ["EncoderConfig", "Encoder", "ENCODER_PRESETS", "mean_pool"]
 
+log = logging.getLogger(__name__)
+
 ENCODER_PRESETS: dict[str, dict] = {
-    "tiny": dict(vocab_size=100, d_model=32, n_layer=2, n_head=4, d_ff=64, max_position=64),
+    "tiny": dict(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64),
     # sentence-transformers/all-MiniLM-L6-v2 (Wang et al. 2020; REFERENCES.md section 9)
-    "minilm-l6": dict(vocab_size=30522, d_model=384, n_layer=6, n_head=12, d_ff=1536, max_position=512),
+    "minilm-l6": dict(vocab_size=30522, d_model=384, n_layers=6, n_heads=12, d_ff=1536, max_len=512),
 }
 
 
@@ -45,10 +50,10 @@ ENCODER_PRESETS: dict[str, dict] = {
 class EncoderConfig:
     vocab_size: int = 30522                   # WordPiece vocabulary (BERT uncased)
     d_model: int = 384                        # hidden width C
-    n_layer: int = 6
-    n_head: int = 12
+    n_layers: int = 6
+    n_heads: int = 12
     d_ff: int = 1536                          # MLP hidden width
-    max_position: int = 512                   # learned positions: the longest sequence
+    max_len: int = 512                        # learned positions: the longest sequence
     type_vocab_size: int = 2                  # segment A / B (sentence pairs)
     layer_norm_eps: float = 1e-12             # BERT's; 1e-5 would change the checkpoint's outputs
     dropout: float = 0.1                      # embeddings and residual branches (training only)
@@ -59,7 +64,7 @@ class EncoderConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "max_position", "type_vocab_size"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "type_vocab_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
         if self.n_classes is not None and self.n_classes < 1:
@@ -71,8 +76,16 @@ class EncoderConfig:
     def preset(cls, name: str, **overrides) -> "EncoderConfig":
         return from_preset(cls, ENCODER_PRESETS, name, overrides, what="encoder")
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderConfig":
+        """From ``to_dict()``'s output, or an older one's (``n_layer``, ``n_head``, ``max_position``)."""
+        return cls(**upgrade_keys(d))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     def block(self) -> BlockConfig:
-        return BlockConfig(d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, norm="layer",
+        return BlockConfig(d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, norm="layer",
                            norm_first=False, mlp="gelu", dropout=self.dropout, attn_dropout=self.attn_dropout,
                            norm_eps=self.layer_norm_eps, backend=self.backend)
 
@@ -129,11 +142,11 @@ class Encoder(nn.Module):
         self.cfg = cfg
         C = cfg.d_model
         self.word_embeddings = nn.Embedding(cfg.vocab_size, C)
-        self.position_embeddings = nn.Embedding(cfg.max_position, C)
+        self.position_embeddings = nn.Embedding(cfg.max_len, C)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, C)
         self.embed_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
-        self.stack = BlockStack(cfg.block(), cfg.n_layer)               # post-norm: no final norm
+        self.stack = BlockStack(cfg.block(), cfg.n_layers)              # post-norm: no final norm
         self.mlm = MLMHead(cfg, self.word_embeddings) if cfg.mlm_head else None
         self.classifier = ClassificationHead(cfg) if cfg.n_classes is not None else None
         self.tokenizer = None                                           # set by from_minilm (for encode)
@@ -161,7 +174,7 @@ class Encoder(nn.Module):
         """Last hidden state (B, L, C).
 
         Args:
-            input_ids: (B, L) int64 token ids, L <= cfg.max_position.
+            input_ids: (B, L) int64 token ids, L <= cfg.max_len.
             attention_mask: (B, L) bool or 0/1 ints, True/1 = real token; None = all real. Padding is
                 a key mask: padded positions are never attended to (their own rows are still computed).
             token_type_ids: (B, L) segment ids in [0, type_vocab_size); None = all 0.
@@ -184,9 +197,9 @@ class Encoder(nn.Module):
             raise TypeError(f"input_ids must be an int64 tensor (B, L), got {getattr(ids, 'dtype', type(ids))} "
                             f"{tuple(getattr(ids, 'shape', ()))}")
         B, L = ids.shape
-        if L > cfg.max_position:
-            raise ValueError(f"sequence length {L} exceeds max_position={cfg.max_position} (learned positions); "
-                             f"truncate the input to {cfg.max_position} tokens")
+        if L > cfg.max_len:
+            raise ValueError(f"sequence length {L} exceeds max_len={cfg.max_len} (learned positions); "
+                             f"truncate the input to {cfg.max_len} tokens")
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {cfg.vocab_size}), got [{int(ids.min())}, {int(ids.max())}]")
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
@@ -255,5 +268,11 @@ class Encoder(nn.Module):
         Returns:
             an Encoder in eval mode, with its tokenizer attached (``encode`` works).
         """
-        from .minilm import load_minilm
-        return load_minilm(cls, backend=backend, path=path)
+        from safetensors.torch import load_file
+        p = minilm_path(path)
+        tensors = load_file(str(p / "model.safetensors"))
+        model = cls(EncoderConfig(**bert_config_fields(p), backend=backend, mlm_head=has_mlm_head(tensors)))
+        load_bert_weights(model, tensors)
+        model.tokenizer = WordPieceTokenizer(p / "tokenizer.json", max_length=sentence_max_length(p, model.cfg.max_len))
+        log.info("loaded %s (%d parameters, max_seq_length %d)", p, model.num_params(), model.tokenizer.max_length)
+        return model.eval()

@@ -1,6 +1,6 @@
 """GPT: a decoder-only transformer (causal self-attention blocks) and KV-cache generation.
 
-    idx (B, L) --tok_emb (+ absolute PE)--> (B, L, C) --n_layer pre-norm blocks--> norm --lm_head--> (B, L, V)
+    idx (B, L) --tok_emb (+ absolute PE)--> (B, L, C) --n_layers pre-norm blocks--> norm --lm_head--> (B, L, V)
 
 The positional scheme is a config field: ``learned`` / ``sinusoidal`` are added once to the
 embeddings (GPT-2); ``rope`` / ``alibi`` act inside every attention layer. The LM head shares the
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ..nn import BlockConfig, TransformerBlock
 from ..nn.blocks import make_norm
 from ..positional import LearnedEncoding, SinusoidalEncoding
-from ..presets import from_preset
+from ..presets import from_preset, upgrade_keys
 from .sampling import check_sampling, sample_next
 
 __all__ = ["GPTConfig", "GPT", "PRESETS"]
@@ -35,18 +35,18 @@ log = logging.getLogger(__name__)
 
 # nanoGPT-style presets: dict overrides of GPTConfig's defaults.
 PRESETS: dict[str, dict] = {
-    "nano": dict(n_layer=2, n_head=4, d_model=64, block_size=128),
-    "micro": dict(n_layer=4, n_head=4, d_model=128, block_size=256),
-    "mini": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
+    "nano": dict(n_layers=2, n_heads=4, d_model=64, max_len=128),
+    "micro": dict(n_layers=4, n_heads=4, d_model=128, max_len=256),
+    "mini": dict(n_layers=6, n_heads=6, d_model=384, max_len=256),
 }
 
 
 @dataclass
 class GPTConfig:
     vocab_size: int                            # tokens the tokenizer can produce
-    block_size: int = 256                      # the context: most tokens one forward pass sees
-    n_layer: int = 4
-    n_head: int = 4
+    max_len: int = 256                         # the context: most tokens one forward pass sees
+    n_layers: int = 4
+    n_heads: int = 4
     n_kv_heads: Optional[int] = None           # GQA/MQA: fewer kv heads shrink the KV cache
     d_model: int = 128
     positional: str = "learned"                # learned | sinusoidal | rope | alibi
@@ -61,20 +61,25 @@ class GPTConfig:
     def __post_init__(self):
         if self.positional not in ("learned", "sinusoidal", "rope", "alibi"):
             raise ValueError(f"GPT positional must be learned, sinusoidal, rope or alibi, got {self.positional!r}")
-        if self.vocab_size <= 0 or self.block_size <= 0 or self.n_layer <= 0:
-            raise ValueError(f"vocab_size, block_size and n_layer must be positive, got {self.vocab_size}, "
-                             f"{self.block_size}, {self.n_layer}")
+        if self.vocab_size <= 0 or self.max_len <= 0 or self.n_layers <= 0:
+            raise ValueError(f"vocab_size, max_len and n_layers must be positive, got {self.vocab_size}, "
+                             f"{self.max_len}, {self.n_layers}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
         return from_preset(cls, PRESETS, name, overrides, what="GPT")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        """From ``to_dict()``'s output, or an older checkpoint's (``n_layer``, ``n_head``, ``block_size``)."""
+        return cls(**upgrade_keys(d))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def block(self) -> BlockConfig:
         in_layer = self.positional in ("rope", "alibi")
-        return BlockConfig(d_model=self.d_model, n_heads=self.n_head, n_kv_heads=self.n_kv_heads, norm=self.norm,
+        return BlockConfig(d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, norm=self.norm,
                            norm_first=True, mlp=self.mlp, dropout=self.dropout, attn_dropout=self.dropout,
                            causal=True, positional=self.positional if in_layer else None,
                            positional_options=self.extra, bias=self.bias, backend=self.backend)
@@ -88,22 +93,22 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positional == "learned":
-            self.pos_enc = LearnedEncoding(cfg.block_size, cfg.d_model)
+            self.pos_enc = LearnedEncoding(cfg.max_len, cfg.d_model)
         elif cfg.positional == "sinusoidal":
             self.pos_enc = SinusoidalEncoding(cfg.d_model)
         else:
             self.pos_enc = None                                        # rope / alibi live in the layers
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(cfg.block()) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.block()) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg.block())
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
         if cfg.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
-        # GPT-2: residual projections scaled by 1/sqrt(2 n_layer) so the stream's variance stays put
+        # GPT-2: residual projections scaled by 1/sqrt(2 n_layers) so the stream's variance stays put
         for name, p in self.named_parameters():
             if name.endswith(("out_proj.weight", "mlp.down.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -126,9 +131,9 @@ class GPT(nn.Module):
                             f"{tuple(getattr(idx, 'shape', ()))}")
         past = cache[0].length if cache else 0
         L = idx.shape[1]
-        if past + L > self.cfg.block_size:
-            raise ValueError(f"{past} cached + {L} new tokens exceed block_size={self.cfg.block_size}; "
-                             "crop the context to the last block_size tokens")
+        if past + L > self.cfg.max_len:
+            raise ValueError(f"{past} cached + {L} new tokens exceed max_len={self.cfg.max_len}; "
+                             "crop the context to the last max_len tokens")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]")
         x = self.tok_emb(idx)                                          # (B, L, C)
@@ -145,7 +150,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
     def new_cache(self, batch: int, capacity: Optional[int] = None) -> list:
-        capacity = capacity or self.cfg.block_size
+        capacity = capacity or self.cfg.max_len
         return [b.self_attn.new_cache(batch, capacity) for b in self.blocks]
 
     def generate_tokens(self, idx: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
@@ -157,8 +162,8 @@ class GPT(nn.Module):
         ``seed=None`` samples from a private copy of torch's global RNG state: ``torch.manual_seed``
         makes it reproducible, and the global RNG is neither advanced nor reseeded (so two unseeded
         calls in a row give the same sample; pass ``seed=`` to vary it). A prompt longer than
-        block_size is cropped from the left (with a warning). When the context fills up, the model
-        continues on the last block_size // 2 tokens (re-encoded), with a warning the first time.
+        max_len is cropped from the left (with a warning). When the context fills up, the model
+        continues on the last max_len // 2 tokens (re-encoded), with a warning the first time.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -170,7 +175,7 @@ class GPT(nn.Module):
             gen.set_state(torch.cuda.get_rng_state(idx.device))
         else:
             gen.set_state(torch.get_rng_state())           # a copy: the global generator is left as it was
-        T = self.cfg.block_size
+        T = self.cfg.max_len
         if idx.shape[1] > T:
             log.warning("prompt of %d tokens is longer than the context (%d): keeping the last %d",
                         idx.shape[1], T, T)
@@ -184,7 +189,7 @@ class GPT(nn.Module):
         """generate_tokens' loop (a generator: it runs as tokens are taken)."""
         was_training = self.training
         self.eval()
-        T, warned = self.cfg.block_size, False
+        T, warned = self.cfg.max_len, False
         try:
             context, cache = idx, (self.new_cache(idx.shape[0]) if use_cache else None)
             logits = self(context, cache=cache)[:, -1]                  # (B, V)

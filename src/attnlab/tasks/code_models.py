@@ -4,7 +4,7 @@ Both have the GPT's language-model interface — ``forward(idx) -> logits``, ``l
 and ``generate_tokens(...)`` yielding one (B,) token step at a time — so the syntax measurement
 samples all three models with the same code and the same sampling settings.
 
-- ``CodeLSTM``: embedding -> ``torch.nn.LSTM`` (``n_layer`` layers) -> linear head (not tied).
+- ``CodeLSTM``: embedding -> ``torch.nn.LSTM`` (``n_layers`` layers) -> linear head (not tied).
   ``matched_lstm_config(target, ...)`` picks the hidden width whose parameter count is nearest
   ``target`` (the GPT's), so the comparison is at equal size.
 - ``BigramLM``: the next token depends on the current one only; log-probabilities from counts of
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.sampling import sample_next
+from ..presets import upgrade_keys
 
 __all__ = ["CodeLSTMConfig", "CodeLSTM", "matched_lstm_config", "BigramLM", "load_language_model"]
 
@@ -35,33 +36,38 @@ class CodeLSTMConfig:
     vocab_size: int
     d_embed: int = 128
     hidden: int = 256
-    n_layer: int = 2
+    n_layers: int = 2
     arch: str = "lstm"                 # tells a checkpoint's model_config from a GPTConfig
 
     def __post_init__(self):
-        if min(self.vocab_size, self.d_embed, self.hidden, self.n_layer) < 1:
+        if min(self.vocab_size, self.d_embed, self.hidden, self.n_layers) < 1:
             raise ValueError(f"CodeLSTMConfig sizes must be >= 1, got {self}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CodeLSTMConfig":
+        """From ``to_dict()``'s output, or an older checkpoint's (``n_layer``)."""
+        return cls(**upgrade_keys(d))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @property
-    def block_size(self) -> int:
+    def max_len(self) -> int:
         """No context limit: the state carries everything (``attnlab generate`` crops prompts to this)."""
         return 1 << 30
 
 
-def _lstm_params(vocab: int, d_embed: int, hidden: int, n_layer: int) -> int:
+def _lstm_params(vocab: int, d_embed: int, hidden: int, n_layers: int) -> int:
     """Embedding + LSTM layers (4 gates: W_ih, W_hh, two biases) + head."""
     first = 4 * hidden * (d_embed + hidden + 2)
-    rest = (n_layer - 1) * 4 * hidden * (2 * hidden + 2)
+    rest = (n_layers - 1) * 4 * hidden * (2 * hidden + 2)
     return vocab * d_embed + first + rest + hidden * vocab + vocab
 
 
-def matched_lstm_config(target: int, vocab_size: int, d_embed: int = 128, n_layer: int = 2) -> CodeLSTMConfig:
+def matched_lstm_config(target: int, vocab_size: int, d_embed: int = 128, n_layers: int = 2) -> CodeLSTMConfig:
     """The CodeLSTMConfig whose parameter count is nearest ``target`` (searching the hidden width)."""
-    hidden = min(range(1, 4096), key=lambda h: abs(_lstm_params(vocab_size, d_embed, h, n_layer) - target))
-    return CodeLSTMConfig(vocab_size=vocab_size, d_embed=d_embed, hidden=hidden, n_layer=n_layer)
+    hidden = min(range(1, 4096), key=lambda h: abs(_lstm_params(vocab_size, d_embed, h, n_layers) - target))
+    return CodeLSTMConfig(vocab_size=vocab_size, d_embed=d_embed, hidden=hidden, n_layers=n_layers)
 
 
 class _Sampling(nn.Module):
@@ -103,7 +109,7 @@ class CodeLSTM(_Sampling):
         super().__init__()
         self.cfg = cfg
         self.emb = nn.Embedding(cfg.vocab_size, cfg.d_embed)
-        self.rnn = nn.LSTM(cfg.d_embed, cfg.hidden, num_layers=cfg.n_layer, batch_first=True)
+        self.rnn = nn.LSTM(cfg.d_embed, cfg.hidden, num_layers=cfg.n_layers, batch_first=True)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size)
 
     def step(self, idx: Tensor, state):
@@ -143,6 +149,6 @@ def load_language_model(path):
     ckpt = load_checkpoint(path, train_state=False)          # generation needs the weights only
     if ckpt.model_config.get("arch") != "lstm":
         return load_gpt(path)
-    model = CodeLSTM(CodeLSTMConfig(**ckpt.model_config))
+    model = CodeLSTM(CodeLSTMConfig.from_dict(ckpt.model_config))
     model.load_state_dict(ckpt.model_state)
     return model.eval(), tokenizer_from_json(ckpt.tokenizer_json)

@@ -34,9 +34,9 @@ class LMTask:
     def __init__(self, model_config: GPTConfig, data: LMData):
         if data.tokenizer.vocab_size != model_config.vocab_size:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {data.tokenizer.vocab_size}")
-        if len(data.val_ids) < model_config.block_size + 1:
-            raise ValueError(f"the validation split has {len(data.val_ids)} tokens, fewer than block_size + 1 = "
-                             f"{model_config.block_size + 1}; give more text or a smaller block_size (--block-size)")
+        if len(data.val_ids) < model_config.max_len + 1:
+            raise ValueError(f"the validation split has {len(data.val_ids)} tokens, fewer than max_len + 1 = "
+                             f"{model_config.max_len + 1}; give more text or a smaller context (--max-len)")
         self.config, self.data = model_config, data
 
     def model_config(self) -> dict:
@@ -60,13 +60,13 @@ class LMTask:
         return self.data.tokenizer.to_json()
 
     def sampler(self, batch_size: int, seed: int) -> BatchSampler:
-        return BatchSampler(self.data.train_ids, self.config.block_size, batch_size, seed=seed)
+        return BatchSampler(self.data.train_ids, self.config.max_len, batch_size, seed=seed)
 
     def eval_batches(self, batch_size: int, n: int, seed: int) -> list:
-        return BatchSampler(self.data.val_ids, self.config.block_size, batch_size, seed=seed).fixed_batches(n)
+        return BatchSampler(self.data.val_ids, self.config.max_len, batch_size, seed=seed).fixed_batches(n)
 
     def units_per_batch(self, batch_size: int) -> int:
-        return batch_size * self.config.block_size
+        return batch_size * self.config.max_len
 
     def val_metrics(self, val_loss: float) -> dict:
         return {"val_nats_per_char": val_loss / self.data.val_chars_per_token}
@@ -86,14 +86,14 @@ def _from_checkpoint(ckpt) -> LMTask:
     info = ckpt.extra.get("data", {})
     data = prepare_lm_data(info["name"], tokenizer_from_json(ckpt.tokenizer_json),
                            val_fraction=ckpt.train_config["val_fraction"], expect_sha256=info.get("text_sha256"))
-    return LMTask(GPTConfig(**ckpt.model_config), data)
+    return LMTask(GPTConfig.from_dict(ckpt.model_config), data)
 
 
 def _from_args(args) -> LMTask:
     from ..data.prepare import prepare_lm_data
     data = prepare_lm_data(args.data or "docs", args.tokenizer, vocab_size=args.vocab_size,
                            val_fraction=args.val_fraction)
-    over = {k: v for k, v in {"block_size": args.block_size, "dropout": args.dropout}.items() if v is not None}
+    over = {k: v for k, v in {"max_len": args.max_len, "dropout": args.dropout}.items() if v is not None}
     return LMTask(GPTConfig.preset(args.preset, vocab_size=data.tokenizer.vocab_size, **over), data)
 
 
@@ -106,7 +106,8 @@ def _add_arguments(t) -> None:
                         "5000 steps)")
     t.add_argument("--tokenizer", choices=["char", "bpe"], default="char", help="characters, or byte-level BPE")
     t.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size (default 512)")
-    t.add_argument("--block-size", type=int, help="context length (default: the preset's)")
+    t.add_argument("--max-len", "--block-size", dest="max_len", type=int,
+                   help="context length in tokens (default: the preset's; --block-size is its old name)")
     t.add_argument("--dropout", type=float, help="dropout (default: the preset's, 0)")
 
 

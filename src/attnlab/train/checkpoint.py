@@ -15,6 +15,9 @@ are deleted (down to ``keep``) only after the new one is in place. The latest ch
 
 Loading reads bytes, checks sizes and hashes, and parses with ``safetensors.torch.load`` and
 ``json``: no pickle, no ``torch.load``. Any mismatch is a ``CheckpointError`` naming the file.
+Checkpoints written before the config renames load as if written today: ``model_config`` and
+``extra["data"]`` come back with their old keys renamed (``presets.LEGACY_KEYS``, e.g.
+``n_layer`` -> ``n_layers``, ``block_size`` -> ``max_len``); the files on disk are not changed.
 
 Example::
 
@@ -39,6 +42,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
+
+from ..presets import LEGACY_DATA_KEYS, upgrade_keys
 
 __all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "load_gpt", "list_checkpoints",
            "resolve_checkpoint", "FORMAT"]
@@ -227,6 +232,9 @@ def load_checkpoint(path: PathLike, *, train_state: bool = True) -> Checkpoint:
     """
     ckpt = resolve_checkpoint(path)
     meta = _read_meta(ckpt)
+    meta["model_config"] = upgrade_keys(meta["model_config"])              # older checkpoints' names
+    if isinstance(meta["extra"].get("data"), dict):
+        meta["extra"]["data"] = upgrade_keys(meta["extra"]["data"], LEGACY_DATA_KEYS)
     weights = _read_tensors(ckpt, MODEL_FILE, meta)
     for alias, target in meta["aliases"].items():
         weights[alias] = weights[target]
@@ -252,6 +260,6 @@ def load_gpt(path: PathLike, *, device: Union[str, torch.device] = "cpu"):
     from ..data.tokenization import tokenizer_from_json
     from ..models import GPT, GPTConfig
     ckpt = load_checkpoint(path, train_state=False)          # weights only: generation needs nothing else
-    model = GPT(GPTConfig(**ckpt.model_config))
+    model = GPT(GPTConfig.from_dict(ckpt.model_config))
     model.load_state_dict(ckpt.model_state)
     return model.to(device).eval(), tokenizer_from_json(ckpt.tokenizer_json)
