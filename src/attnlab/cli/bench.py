@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from ..functional import available_backends
 from .util import fail
 
-__all__ = ["add_bench"]
+__all__ = ["add_bench", "BENCHMARKS", "Benchmark"]
 
 DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
 DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
@@ -126,25 +127,92 @@ def _hf(args: argparse.Namespace):
     return report, format_hf(report), args.json or DEFAULT_HF_JSON, []
 
 
-def _bench_modes(args: argparse.Namespace) -> list[str]:
-    """The flags of the benchmarks other than the kernel table that were asked for (at most one may be)."""
-    return [flag for flag, on in (("--device cuda", args.device == "cuda"), ("--minilm", args.minilm), ("--lm", args.lm),
-                                  ("--hf", args.hf), ("--complexity", args.complexity),
-                                  ("--favor-accuracy", args.favor_accuracy), ("--memory-scaling", args.memory_scaling))
-            if on]
+def _memory_scaling(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--memory-scaling``."""
+    from ..bench import format_scaling, run_memory_scaling
+    from ..bench.scaling import ScalingConfig
+    cfg = ScalingConfig(dtype=(args.dtype or ["float32"])[0], batch=args.batch or 1, heads=args.heads or 8,
+                        head_dim=args.head_dim or 64, memory_limit_gb=args.memory_limit_gb or 16.0)
+    report = run_memory_scaling(cfg, args.argv)
+    return report, format_scaling(report), args.json or DEFAULT_SCALING_JSON, []
+
+
+def _gpu(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--device cuda``."""
+    from ..bench.gpu import from_cli
+    return from_cli(args)
+
+
+def _kernels(args: argparse.Namespace):
+    """(report, text, json path, no plots) of the kernel table, the default benchmark."""
+    from ..bench import format_table, run_kernels
+    report = run_kernels(_bench_config(args), args.argv)
+    return report, format_table(report), args.json or DEFAULT_KERNELS_JSON, []
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark that ``attnlab bench FLAG`` runs instead of the kernel table.
+
+    ``run(args)`` returns (report dict, text table, JSON path, plot paths); ``help`` is FLAG's help
+    (None: the flag is not a switch of its own, as ``--device cuda``).
+    """
+    flag: str
+    run: Callable[[argparse.Namespace], tuple]
+    help: Optional[str] = None
+
+
+# name -> benchmark, in the order an error names them; the switches store their name in args.benchmarks
+BENCHMARKS: dict[str, Benchmark] = {
+    "gpu": Benchmark("--device cuda", _gpu),
+    "minilm": Benchmark("--minilm", _minilm,
+                        "the real all-MiniLM-L6-v2 forward (B=32 L=128 and B=8 L=256, padded) for attnlab's Encoder "
+                        "on auto and every exact backend vs transformers' BertModel (sdpa); --n, --batch, --backend, "
+                        f"--repeats apply; JSON: {DEFAULT_MINILM_JSON}"),
+    "lm": Benchmark("--lm", _lm,
+                    "GPT (micro) training tokens/s vs a nanoGPT-equivalent model, KV-cache vs recomputed greedy "
+                    "generation, per-call overheads (--quick: nano, under 30 s; --batch, --repeats apply)"),
+    "hf": Benchmark("--hf", _hf,
+                    "a tiny random Hugging Face Llama (GQA) forward on one row of n = 8192 tokens in 8 packed "
+                    "documents, attn_implementation='attnlab' vs transformers' 'sdpa' (--quick: n = 1024); --n, "
+                    f"--docs, --batch, --backend, --repeats apply; JSON: {DEFAULT_HF_JSON}"),
+    "complexity": Benchmark("--complexity", _complexity,
+                            "time and peak memory vs n (1k-64k, 256k for sparse and linear) for reference, sdpa, "
+                            "tiled, sparse, linear; fitted n^alpha; PNG plots; then two head-to-heads: causal "
+                            "fwd+bwd of linear vs tiled at n = 65536, and the sparse window forward vs torch SDPA "
+                            "with the same dense mask at n = 16384 (--quick: under a minute, small n); --backend "
+                            "picks series, --mask/--mode put every series on that case (then no head-to-heads), "
+                            "e.g. --backend linear --mask causal --mode fwdbwd"),
+    "favor-accuracy": Benchmark("--favor-accuracy", _favor_accuracy,
+                                "FAVOR+ relative error vs exact softmax for m = 16..1024 random features (several "
+                                "seeds), elu+1 as a reference line; table and PNG plot"),
+    "memory-scaling": Benchmark("--memory-scaling", _memory_scaling,
+                                "tiled vs reference peak memory, causal fwd+bwd, n up to 32768, power-law fits and "
+                                "the ratio at 32768"),
+}
+
+
+def _chosen(args: argparse.Namespace) -> list[str]:
+    """Names of the benchmarks asked for instead of the kernel table, in ``BENCHMARKS`` order (one at most is valid)."""
+    asked = set(args.benchmarks or []) | ({"gpu"} if args.device == "cuda" else set())
+    return [name for name in BENCHMARKS if name in asked]
 
 
 def _bench_usage(args: argparse.Namespace) -> Optional[str]:
-    """What is wrong with the options before anything runs: two modes at once, or a size that is not positive."""
-    modes = _bench_modes(args)
-    if len(modes) > 1:
-        return f"{' and '.join(modes)} are separate benchmarks: give one of them per run"
+    """What is wrong with the options before anything runs: two benchmarks at once, a size that is not
+    positive, or --contention with a benchmark other than the kernel table."""
+    flags = [BENCHMARKS[name].flag for name in _chosen(args)]
+    if len(flags) > 1:
+        return f"{' and '.join(flags)} are separate benchmarks: give one of them per run"
     for flag, value in (("--n", args.n), ("--batch", args.batch), ("--heads", args.heads),
                         ("--head-dim", args.head_dim), ("--window", args.window), ("--docs", args.docs),
                         ("--repeats", args.repeats)):
         values = value if isinstance(value, list) else [value]
         if any(v is not None and v < 1 for v in values):
             return f"{flag} must be >= 1, got {' '.join(map(str, values))}"
+    if args.contention and flags:
+        return (f"--contention times the kernel bench's cases (--n, --mask, --mode, --dtype, --backend); "
+                f"it does not apply to {flags[0]}: drop one of the two")
     return None
 
 
@@ -159,35 +227,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..bench import format_scaling, format_table, run_kernels, run_memory_scaling, write_json
-    from ..bench.scaling import ScalingConfig
-    argv = args.argv
+    from ..bench import write_json
     t0 = time.perf_counter()
-    plots: list[str] = []
-    other = _bench_modes(args)
-    if args.contention and other:
-        raise ValueError(f"--contention times the kernel bench's cases (--n, --mask, --mode, --dtype, --backend); "
-                         f"it does not apply to {other[0]}: drop one of the two")
-    if args.device == "cuda":
-        from ..bench.gpu import from_cli
-        report, text, path, plots = from_cli(args)
-    elif args.minilm:
-        report, text, path, plots = _minilm(args)
-    elif args.lm:
-        report, text, path, plots = _lm(args)
-    elif args.hf:
-        report, text, path, plots = _hf(args)
-    elif args.complexity or args.favor_accuracy:
-        report, text, path, plots = (_complexity if args.complexity else _favor_accuracy)(args)
-    elif args.memory_scaling:
-        scfg = ScalingConfig(dtype=(args.dtype or ["float32"])[0], batch=args.batch or 1,
-                             heads=args.heads or 8, head_dim=args.head_dim or 64,
-                             memory_limit_gb=args.memory_limit_gb or 16.0)
-        report = run_memory_scaling(scfg, argv)
-        text, path = format_scaling(report), args.json or DEFAULT_SCALING_JSON
-    else:
-        report = run_kernels(_bench_config(args), argv)
-        text, path = format_table(report), args.json or DEFAULT_KERNELS_JSON
+    chosen = _chosen(args)
+    run = BENCHMARKS[chosen[0]].run if chosen else _kernels
+    report, text, path, plots = run(args)
     report["meta"]["total_wall_s"] = time.perf_counter() - t0
     write_json(report, path)
     print(text, end="")
@@ -228,31 +272,6 @@ def add_bench(sub) -> None:
     b.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
                    help="peak memory of every row, each in a fresh subprocess (slower); --no-memory: none "
                         "(default: one sample case, none with --quick)")
-    b.add_argument("--memory-scaling", action="store_true",
-                   help="instead of timing: tiled vs reference peak memory, causal fwd+bwd, n up to 32768, "
-                        "power-law fits and the ratio at 32768")
-    b.add_argument("--complexity", action="store_true",
-                   help="instead of timing cases: time and peak memory vs n (1k-64k, 256k for sparse and linear) "
-                        "for reference, sdpa, tiled, sparse, linear; fitted n^alpha; PNG plots; then two head-to-"
-                        "heads: causal fwd+bwd of linear vs tiled at n = 65536, and the sparse window forward vs "
-                        "torch SDPA with the same dense mask at n = 16384 (--quick: under a minute, small n); "
-                        "--backend picks series, --mask/--mode put every series on that case (then no head-to-heads), "
-                        "e.g. --backend linear --mask causal --mode fwdbwd")
-    b.add_argument("--favor-accuracy", action="store_true",
-                   help="instead of timing: FAVOR+ relative error vs exact softmax for m = 16..1024 random "
-                        "features (several seeds), elu+1 as a reference line; table and PNG plot")
-    b.add_argument("--lm", action="store_true",
-                   help="instead of kernels: GPT (micro) training tokens/s vs a nanoGPT-equivalent model, KV-cache "
-                        "vs recomputed greedy generation, per-call overheads (--quick: nano, under 30 s; "
-                        "--batch, --repeats apply)")
-    b.add_argument("--minilm", action="store_true",
-                   help="instead of kernels: the real all-MiniLM-L6-v2 forward (B=32 L=128 and B=8 L=256, padded) "
-                        "for attnlab's Encoder on auto and every exact backend vs transformers' BertModel (sdpa); "
-                        f"--n, --batch, --backend, --repeats apply; JSON: {DEFAULT_MINILM_JSON}")
-    b.add_argument("--hf", action="store_true",
-                   help="instead of kernels: a tiny random Hugging Face Llama (GQA) forward on one row of n = 8192 "
-                        "tokens in 8 packed documents, attn_implementation='attnlab' vs transformers' 'sdpa' "
-                        f"(--quick: n = 1024); --n, --docs, --batch, --backend, --repeats apply; JSON: {DEFAULT_HF_JSON}")
     b.add_argument("--contention", action="store_true",
                    help="also time every contestant beside a busy process pinned to one core (started before, "
                         "killed after each case's contended runs); adds busy ms and the slowdown x busy per row")
@@ -267,4 +286,8 @@ def add_bench(sub) -> None:
                         f"{DEFAULT_SCALING_JSON} with --memory-scaling, {DEFAULT_COMPLEXITY_JSON} with "
                         f"--complexity, {DEFAULT_ACCURACY_JSON} with --favor-accuracy, {DEFAULT_LM_JSON} "
                         f"with --lm; PNGs beside it)")
+    others = b.add_argument_group("instead of the kernel table (one per run)")
+    for name, bench in BENCHMARKS.items():
+        if bench.help is not None:
+            others.add_argument(bench.flag, dest="benchmarks", action="append_const", const=name, help=bench.help)
     b.set_defaults(run=_run_bench)

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Callable, Optional
 
+from .show_common import out_file, pick, reject_unused
 from .show_tasks import show_evoformer, show_vqa
 from .util import fail
 
@@ -32,10 +33,6 @@ __all__ = ["add_show", "show_text", "DEFAULT_OUT"]
 
 DEFAULT_OUT = "runs/show"
 _STEM_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def _file(out: Path, stem: str, part: str, fmt: str) -> Path:
-    return out / f"{stem}-{part}.{fmt}"
 
 
 def show_text(name: str, text: str, *, layer: Optional[int] = None, head: Optional[int] = None,
@@ -65,13 +62,13 @@ def show_text(name: str, text: str, *, layer: Optional[int] = None, head: Option
     written = []
     if layer is None and len(maps.layers) > 1:
         written.append(save(layer_head_grid(w, title=f"{name}: every layer and head  ({len(tokens)} tokens)"),
-                            _file(outdir, stem, "layers", fmt)))
+                            out_file(outdir, stem, "layers", fmt)))
     for i, l in enumerate(maps.layers):
-        written.append(save(head_grid(w[i], tokens, title=f"{name}, layer {l}"), _file(outdir, stem, f"layer{l}", fmt)))
+        written.append(save(head_grid(w[i], tokens, title=f"{name}, layer {l}"), out_file(outdir, stem, f"layer{l}", fmt)))
     if head is not None:
         for i, l in enumerate(maps.layers):
             fig = plot_head(w[i, head], tokens, title=f"{name}, layer {l}, head {head}")
-            written.append(save(fig, _file(outdir, stem, f"layer{l}-head{head}", fmt)))
+            written.append(save(fig, out_file(outdir, stem, f"layer{l}-head{head}", fmt)))
     return written
 
 
@@ -105,33 +102,18 @@ def _show_named(args: argparse.Namespace, name: str) -> list[Path]:
     return show_text(name, args.text, layer=args.layer, head=args.head, out=args.out, fmt=args.format)
 
 
-def _pick(value: Optional[int], n: int, what: str) -> list[int]:
-    if value is None:
-        return list(range(n))
-    if not 0 <= value < n:
-        raise ValueError(f"{what} {value} does not exist: the model has {n} {what}s, numbered 0..{n - 1}")
-    return [value]
-
-
-def _unused(args: argparse.Namespace, kind: str, *flags: str) -> None:
-    """Reject options that mean nothing for this kind of checkpoint (rather than silently ignoring them)."""
-    for flag in flags:
-        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
-            raise ValueError(f"{flag} is not used by {kind} checkpoints")
-
-
 def _show_vit(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     """Per layer, where the pooled output ([CLS], or the mean of all queries) looks in test image N; rollout."""
     import torch
 
     from ..lab.heatmaps import patch_attention, save
-    _unused(args, "vit", "--text", "--source")
+    reject_unused(args, "vit", "--text", "--source")
     i = args.image_index or 0
     raw, x, label = task.test_example(i)                              # (C, H, W) pixels; (1, C, H', W') model input
     with torch.no_grad():
         pred = int(model(x).argmax(-1))
     maps = model.attention_maps(x)[0]                                 # (layers, heads, gh, gw)
-    layers, heads = _pick(args.layer, maps.shape[0], "layer"), _pick(args.head, maps.shape[1], "head")
+    layers, heads = pick(args.layer, maps.shape[0], "layer"), pick(args.head, maps.shape[1], "head")
     grid = tuple(maps.shape[-2:])
     who = "[CLS]" if model.cfg.pooling == "cls" else "the mean query"
     about = f"test image {i}: digit {label}, predicted {pred}"
@@ -139,11 +121,11 @@ def _show_vit(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     for layer in layers:
         fig = patch_attention(raw, maps[layer, heads].flatten(1), grid, head_names=[f"head {h}" for h in heads],
                               title=f"ViT layer {layer}: where {who} looks; {about}")
-        written.append(save(fig, _file(out, stem, f"image{i}-layer{layer}", args.format)))
+        written.append(save(fig, out_file(out, stem, f"image{i}-layer{layer}", args.format)))
     if args.layer is None and args.head is None:
         rollout = model.rollout_map(x)[0].flatten()                   # (N,): attention composed over layers
         fig = patch_attention(raw, rollout, grid, head_names=["rollout"], title=f"ViT attention rollout; {about}")
-        written.append(save(fig, _file(out, stem, f"image{i}-rollout", args.format)))
+        written.append(save(fig, out_file(out, stem, f"image{i}-rollout", args.format)))
     return written
 
 
@@ -151,7 +133,7 @@ def _show_captioner(args: argparse.Namespace, model, task, stem: str) -> list[Pa
     """Caption test scene N, then per decoder layer where each generated word looked in the image."""
     from ..data.scenes import EOS, VOCAB
     from ..lab.heatmaps import cross_attention, save
-    _unused(args, "captioner", "--text", "--source")
+    reject_unused(args, "captioner", "--text", "--source")
     i = args.image_index or 0
     raw, x, truth = task.test_example(i)                              # (C, H, W); (1, C, H, W); the true caption
     ids, w = model.caption(x, return_cross_attention=True)            # (1, T); (1, layers, heads, T, S)
@@ -159,13 +141,13 @@ def _show_captioner(args: argparse.Namespace, model, task, stem: str) -> list[Pa
     T = words.index(EOS) + 1 if EOS in words else len(words)          # the words and the EOS they ended with
     labels = [VOCAB[t] for t in words[:T]]
     w = w[0, :, :, :T]                                                # (layers, heads, T, S)
-    layers, heads = _pick(args.layer, w.shape[0], "layer"), _pick(args.head, w.shape[1], "head")
+    layers, heads = pick(args.layer, w.shape[0], "layer"), pick(args.head, w.shape[1], "head")
     said = " ".join(label for label in labels if label != VOCAB[EOS])
     out, written = Path(args.out), []
     for layer in layers:
         fig = cross_attention(w[layer, heads], labels, image=raw, grid=model.cfg.vit.grid,
                               title=f"captioner layer {layer}: {said!r} (true: {truth!r})")
-        written.append(save(fig, _file(out, stem, f"scene{i}-layer{layer}", args.format)))
+        written.append(save(fig, out_file(out, stem, f"scene{i}-layer{layer}", args.format)))
     return written
 
 
@@ -175,7 +157,7 @@ def _show_seq2seq(args: argparse.Namespace, model, task, stem: str) -> list[Path
 
     from ..data.seq2seq_tasks import EOS
     from ..lab.heatmaps import cross_attention, plot_head, save
-    _unused(args, "seq2seq", "--text", "--image-index")
+    reject_unused(args, "seq2seq", "--text", "--image-index")
     if not args.source:
         raise ValueError("--source is required for seq2seq checkpoints: the input sequence to transduce")
     vocab = task.data.vocab
@@ -189,24 +171,24 @@ def _show_seq2seq(args: argparse.Namespace, model, task, stem: str) -> list[Path
     w = model.cross_attention(src, tgt_in)[0].numpy()                 # (layers, H, L, S)
     show = [t if t != " " else "\u2423" for t in vocab.tokens]          # a visible space
     src_labels, out_labels = [show[t] for t in ids], [show[t] for t in out_ids]
-    layers = _pick(args.layer, w.shape[0], "layer")
+    layers = pick(args.layer, w.shape[0], "layer")
     if args.head is not None:
-        _pick(args.head, w.shape[1], "head")
+        pick(args.head, w.shape[1], "head")
     title = f"cross-attention: {args.source!r} -> {vocab.decode(out_ids)!r}"
     out, written = Path(args.out), []
     for layer in layers:
         fig = cross_attention(w[layer], out_labels, src_labels, title=f"decoder layer {layer} {title}")
-        written.append(save(fig, _file(out, stem, f"cross-layer{layer}", args.format)))
+        written.append(save(fig, out_file(out, stem, f"cross-layer{layer}", args.format)))
         if args.head is not None:
             fig = plot_head(w[layer, args.head], out_labels, src_labels, title=f"layer {layer} head {args.head}")
-            written.append(save(fig, _file(out, stem, f"cross-layer{layer}-head{args.head}", args.format)))
+            written.append(save(fig, out_file(out, stem, f"cross-layer{layer}-head{args.head}", args.format)))
     return written
 
 
 def _show_code_checkpoint(args: argparse.Namespace) -> list[Path]:
     """The bracket head and the def -> use head of a code GPT (`attnlab train code`), on --text or an example."""
     from ..lab.code_pictures import show_code
-    _unused(args, "code", "--source", "--image-index", "--layer", "--head")
+    reject_unused(args, "code", "--source", "--image-index", "--layer", "--head")
     return show_code(args.checkpoint, args.text, out=args.out, fmt=args.format, stem=_stem(args.checkpoint))
 
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .show_common import out_file, pick, reject_unused
+
 __all__ = ["show_vqa", "show_evoformer"]
 
 
 def show_vqa(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     """Answer test question N, then per decoder layer where each answer word looked in the image."""
-    from .show import _file, _pick, _unused
     from ..data.vqa import EOS, VOCAB, decode
     from ..lab.heatmaps import cross_attention, save
-    _unused(args, "vqa", "--text", "--source")
+    reject_unused(args, "vqa", "--text", "--source")
     i = args.image_index or 0
     raw, x, question, truth = task.test_example(i)          # (C, H, W); (1, C, H, W); (1, Lq); the true answer
     ids, w = model.answer(x, question)                       # (1, T); (1, layers, heads, T, S)
@@ -30,7 +31,7 @@ def show_vqa(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
     T = words.index(EOS) + 1 if EOS in words else len(words)
     labels = [VOCAB[t] for t in words[:T]]
     w = w[0, :, :, :T]                                       # (layers, heads, T, S)
-    layers, heads = _pick(args.layer, w.shape[0], "layer"), _pick(args.head, w.shape[1], "head")
+    layers, heads = pick(args.layer, w.shape[0], "layer"), pick(args.head, w.shape[1], "head")
     said = " ".join(label for label in labels if label != VOCAB[EOS])
     blind = " [text-only model: it saw zeros]" if model.cfg.blind else ""
     out, written = Path(args.out), []
@@ -38,7 +39,7 @@ def show_vqa(args: argparse.Namespace, model, task, stem: str) -> list[Path]:
         fig = cross_attention(w[layer, heads], labels, image=raw, grid=model.cfg.vit.grid,
                               title=f"VQA layer {layer}: {decode(question[0])!r}{blind}\n"
                                     f"answer {said!r} (true: {truth!r})")
-        written.append(save(fig, _file(out, stem, f"question{i}-layer{layer}", args.format)))
+        written.append(save(fig, out_file(out, stem, f"question{i}-layer{layer}", args.format)))
     return written
 
 
@@ -46,9 +47,8 @@ def show_evoformer(args: argparse.Namespace, model, task, stem: str) -> list[Pat
     """Held-out sample N: predicted contacts against the truth, and each block's row attention."""
     import torch
 
-    from .show import _file, _pick, _unused
     from ..lab.heatmaps import head_grid, plot_head, save
-    _unused(args, "evoformer", "--text", "--source")
+    reject_unused(args, "evoformer", "--text", "--source")
     i = args.image_index or 0
     samples = [(m[j], c[j]) for m, c in task.test_set() for j in range(len(m))]
     if not 0 <= i < len(samples):
@@ -69,14 +69,14 @@ def show_evoformer(args: argparse.Namespace, model, task, stem: str) -> list[Pat
     fig.axes[0].set_xlabel("column j", fontsize=8)
     fig.axes[0].set_ylabel("column i", fontsize=8)
     fig.axes[1].set_ylabel("P(contact)")
-    written.append(save(fig, _file(out, stem, f"sample{i}-contacts", args.format)))
+    written.append(save(fig, out_file(out, stem, f"sample{i}-contacts", args.format)))
     if cfg.kind != "axial" or "row-attention" in cfg.ablate:
         return written                                                          # no row attention to draw
     per_block = len(cap) // cfg.n_blocks                                        # row (and column) attention
     rows = [cap[b * per_block].weights[0].mean(0) for b in range(cfg.n_blocks)]  # (H, C, C) each, mean over R
-    heads = _pick(args.head, cfg.n_heads, "head")
-    for b in _pick(args.layer, cfg.n_blocks, "layer"):
+    heads = pick(args.head, cfg.n_heads, "head")
+    for b in pick(args.layer, cfg.n_blocks, "layer"):
         fig = head_grid(rows[b][heads].numpy(), labels, head_names=[f"head {h}" for h in heads],
                         title=f"block {b} row attention (mean over the {msa.shape[0]} sequences), {what}")
-        written.append(save(fig, _file(out, stem, f"sample{i}-block{b}-rows", args.format)))
+        written.append(save(fig, out_file(out, stem, f"sample{i}-block{b}-rows", args.format)))
     return written
