@@ -63,7 +63,8 @@ def _bench_config(args: argparse.Namespace):
 
 def _complexity(args: argparse.Namespace):
     """(report, text, json path, plot paths) of ``--complexity``: its defaults, --quick, then explicit options."""
-    from ..bench.complexity import COMPLEXITY_QUICK, ComplexityConfig, format_complexity, plot_complexity, run_complexity
+    from ..bench.complexity import (COMPLEXITY_QUICK, ComplexityConfig, format_complexity, plot_complexity,
+                                    run_complexity)
     cfg = ComplexityConfig(**(COMPLEXITY_QUICK if args.quick else {}))
     given = {"n": args.n, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "window": args.window,
              "repeats": args.repeats, "memory_limit_gb": args.memory_limit_gb, "memory": args.memory,
@@ -106,7 +107,8 @@ def _lm(args: argparse.Namespace):
 
 
 def _minilm(args: argparse.Namespace):
-    """(report, text, json path, no plots) of ``--minilm``: its defaults, --quick, then --n/--batch/--backend/--repeats."""
+    """(report, text, json path, no plots) of ``--minilm``: its defaults, --quick, then --n/--batch/--backend/
+    --repeats."""
     from ..bench.minilm import MINILM_QUICK, MiniLMBenchConfig, format_minilm, run_minilm
     cfg = MiniLMBenchConfig(**(MINILM_QUICK if args.quick else {}))
     if args.n is not None or args.batch is not None:
@@ -119,7 +121,8 @@ def _minilm(args: argparse.Namespace):
 
 
 def _hf(args: argparse.Namespace):
-    """(report, text, json path, no plots) of ``--hf``: its defaults, --quick, then --n/--docs/--batch/--backend/--repeats."""
+    """(report, text, json path, no plots) of ``--hf``: its defaults, --quick, then --n/--docs/--batch/--backend/
+    --repeats."""
     from ..bench.hf import HF_QUICK, HFBenchConfig, format_hf, run_hf
     given = {"n": args.n, "docs": args.docs, "batch": args.batch, "backends": args.backend, "repeats": args.repeats}
     cfg = HFBenchConfig(**{**(HF_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
@@ -257,7 +260,8 @@ def add_bench(sub) -> None:
     b.add_argument("--mask", nargs="+", choices=list(MASK_KINDS), metavar="KIND",
                    help=f"{', '.join(MASK_KINDS)} (default: all; see below)")
     b.add_argument("--backend", nargs="+", choices=available_backends() + ["auto"], metavar="NAME",
-                   help=f"{', '.join(available_backends() + ['auto'])}: attnlab backends (default: reference (n <= 4096 only), sdpa, tiled, auto); "
+                   help=f"{', '.join(available_backends() + ['auto'])}: attnlab backends (default: reference "
+                        "(n <= 4096 only), sdpa, tiled, auto); "
                         "torch-sdpa and flex always run alongside")
     b.add_argument("--mode", nargs="+", choices=list(MODES), metavar="MODE",
                    help="fwd (forward, no grad) and/or fwdbwd (forward + backward) (default both)")

@@ -63,12 +63,13 @@ def show_text(name: str, text: str, *, layer: Optional[int] = None, head: Option
     if layer is None and len(maps.layers) > 1:
         written.append(save(layer_head_grid(w, title=f"{name}: every layer and head  ({len(tokens)} tokens)"),
                             out_file(outdir, stem, "layers", fmt)))
-    for i, l in enumerate(maps.layers):
-        written.append(save(head_grid(w[i], tokens, title=f"{name}, layer {l}"), out_file(outdir, stem, f"layer{l}", fmt)))
+    for i, layer_no in enumerate(maps.layers):
+        fig = head_grid(w[i], tokens, title=f"{name}, layer {layer_no}")
+        written.append(save(fig, out_file(outdir, stem, f"layer{layer_no}", fmt)))
     if head is not None:
-        for i, l in enumerate(maps.layers):
-            fig = plot_head(w[i, head], tokens, title=f"{name}, layer {l}, head {head}")
-            written.append(save(fig, out_file(outdir, stem, f"layer{l}-head{head}", fmt)))
+        for i, layer_no in enumerate(maps.layers):
+            fig = plot_head(w[i, head], tokens, title=f"{name}, layer {layer_no}, head {head}")
+            written.append(save(fig, out_file(outdir, stem, f"layer{layer_no}-head{head}", fmt)))
     return written
 
 
