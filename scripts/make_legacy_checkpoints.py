@@ -49,7 +49,8 @@ def make_gpt() -> None:
     data = prepare_lm_data(str(TEXT), "char", val_fraction=0.3)
     cfg = GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2, d_model=16)
     out = OUT / "gpt"
-    Trainer(LMTask(cfg, data), TrainConfig(**TRAIN, out_dir=str(out), val_fraction=0.3), progress=False).train(plot=False)
+    trainer = Trainer(LMTask(cfg, data), TrainConfig(**TRAIN, out_dir=str(out), val_fraction=0.3), progress=False)
+    trainer.train(plot=False)
     model, _ = load_gpt(out)
     idx = _ids(cfg.vocab_size)
     save_file({"idx": idx, "logits": model(idx).detach().contiguous(),                       # (2, 8), (2, 8, V)
@@ -70,7 +71,8 @@ def make_code_lstm() -> None:
                     {"name": "tiny-code", "max_bytes": len(text), "val_chars": len(text) - cut})
     cfg = CodeLSTMConfig(vocab_size=tok.vocab_size, d_embed=8, hidden=12, n_layer=2)
     out = OUT / "code_lstm"
-    Trainer(CodeTask(cfg, data, block_size=16), TrainConfig(**TRAIN, out_dir=str(out)), progress=False).train(plot=False)
+    trainer = Trainer(CodeTask(cfg, data, block_size=16), TrainConfig(**TRAIN, out_dir=str(out)), progress=False)
+    trainer.train(plot=False)
     ckpt = load_checkpoint(out, train_state=False)
     model = build_code_model(ckpt.model_config)
     model.load_state_dict(ckpt.model_state)

@@ -3,7 +3,7 @@ from .gpt import GPT, PRESETS, GPTConfig
 from .sampling import sample_next
 
 __all__ = ["GPT", "GPTConfig", "PRESETS", "sample_next"]
-from .encoder import ENCODER_PRESETS, Encoder, EncoderConfig  # noqa: E402
+from .encoder import ENCODER_PRESETS, Encoder, EncoderConfig
 __all__ += ["Encoder", "EncoderConfig", "ENCODER_PRESETS"]
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2Seq, Seq2SeqConfig  # noqa: E402
 __all__ += ["Seq2Seq", "Seq2SeqConfig", "SEQ2SEQ_PRESETS"]

@@ -135,7 +135,8 @@ class GPT(nn.Module):
             raise ValueError(f"{past} cached + {L} new tokens exceed max_len={self.cfg.max_len}; "
                              "crop the context to the last max_len tokens")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]")
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), "
+                             f"got [{int(idx.min())}, {int(idx.max())}]")
         x = self.tok_emb(idx)                                          # (B, L, C)
         if self.pos_enc is not None:
             x = self.pos_enc(x, past)

@@ -257,11 +257,9 @@ class MultiheadAttention(nn.Module):
             bias = None if bias is None else F.pad(bias, (0, extra), value=0.0)
         return mask, bias
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
-                need_weights: bool = True, attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> tuple[Tensor, Optional[Tensor]]:
-        """See the class docstring; returns (attn_output, attn_weights or None)."""
-        batched = self._check_inputs(query, key, value)
+    def _check_masks(self, query: Tensor, key: Tensor, batched: bool, key_padding_mask: Optional[Tensor],
+                     attn_mask: Optional[Tensor], is_causal: bool) -> tuple[int, int, int]:
+        """Check the two masks against the inputs (torch's rules and warning); returns (N, L, S)."""
         h = self.num_heads
         if batched:
             n_dim, l_dim = (0, 1) if self.batch_first else (1, 0)
@@ -273,17 +271,29 @@ class MultiheadAttention(nn.Module):
             N, L, S = 1, query.shape[0], key.shape[0]
             _check_mask("key_padding_mask", key_padding_mask, {(S,): "(S,) for unbatched inputs"}, query.dtype)
             _check_mask("attn_mask", attn_mask, {(L, S): "(L, S)", (h, L, S): "(num_heads, L, S)"}, query.dtype)
-        if batched and not self.batch_first:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        elif not batched:
-            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)   # (1, L, E)
         if key_padding_mask is not None and attn_mask is not None and key_padding_mask.dtype != attn_mask.dtype:
             warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. "
-                          "Use same type for both instead.", stacklevel=2)          # torch's own warning
+                          "Use same type for both instead.", stacklevel=3)          # torch's own warning
         if is_causal and attn_mask is None:
             raise ValueError("is_causal=True is a hint that attn_mask is causal and needs attn_mask (as in "
                              "torch); pass attn_mask=nn.Transformer.generate_square_subsequent_mask(L)")
+        return N, L, S
 
+    def _to_batch_first(self, batched: bool, *xs: Tensor) -> tuple[Tensor, ...]:
+        """The caller's layout ((L, N, E), (N, L, E) or (L, E)) -> (N, L, E), for each of xs."""
+        if batched and not self.batch_first:
+            return tuple(x.transpose(0, 1) for x in xs)
+        return xs if batched else tuple(x.unsqueeze(0) for x in xs)                  # (1, L, E)
+
+    def _from_batch_first(self, batched: bool, out: Tensor) -> Tensor:
+        """(N, L, E) -> the caller's layout: (L, N, E) unless batch_first, (L, E) for unbatched inputs."""
+        if batched and not self.batch_first:
+            return out.transpose(0, 1)                                               # (L, N, E)
+        return out if batched else out.squeeze(0)                                    # (L, E)
+
+    def _heads(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and split into heads, with bias_k / the zero key appended: q (N, h, L, d), k, v (N, h, S', d)."""
+        h, N = self.num_heads, query.shape[0]
         q, k, v = self._project(query, key, value)                                   # (N, L|S, E)
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.expand(N, 1, -1)], dim=1)                  # (N, S + 1, E)
@@ -294,38 +304,51 @@ class MultiheadAttention(nn.Module):
         if self.add_zero_attn:
             k = F.pad(k, (0, 0, 0, 1))                                               # zero key at the end
             v = F.pad(v, (0, 0, 0, 1))
-        S1 = k.shape[2]
+        return q, k, v
 
-        causal, bias = False, None
+    def _mask_and_bias(self, key_padding_mask, attn_mask, is_causal: bool, need_weights: bool, N: int, L: int,
+                       S: int, S1: int, device: torch.device) -> tuple[Optional[Tensor], bool, Optional[Tensor]]:
+        """(mask, causal, bias) for ``attention``; S1 = S' keys (S plus bias_k and the zero key)."""
         if is_causal and key_padding_mask is None and not need_weights:
             # torch drops attn_mask and asks SDPA for its top-left causal mask (j <= i). When
             # L == S' that is attnlab's causal, which stays structured (the tiled kernel skips tiles).
             causal = L == S1
-            mask = None if causal else torch.ones(L, S1, dtype=torch.bool, device=q.device).tril()   # (L, S')
-        else:
-            mask, bias = self._masks(key_padding_mask, attn_mask, N, L, S, S1 - S)
+            mask = None if causal else torch.ones(L, S1, dtype=torch.bool, device=device).tril()   # (L, S')
+            return mask, causal, None
+        mask, bias = self._masks(key_padding_mask, attn_mask, N, L, S, S1 - S)
+        return mask, False, bias
 
+    def _weights_as_torch(self, weights: Tensor, seed: Optional[int], p: float, dtype: torch.dtype,
+                          average: bool, batched: bool) -> Tensor:
+        """attention's weights (N, h, L, S') as torch returns them: post-dropout, in the input dtype,
+        averaged over heads (N, L, S') if asked, without the batch dimension for unbatched inputs."""
+        if seed is not None:       # the same keep mask the output was computed with (dropout.py)
+            N, h, L, S1 = weights.shape
+            keep = keep_mask(seed, p, N, h, 0, L, 0, S1, device=weights.device)      # (N, h, L, S')
+            weights = weights * keep / (1.0 - p)
+        weights = weights.to(dtype)
+        if average:
+            weights = weights.mean(dim=1)                                            # (N, L, S')
+        return weights if batched else weights.squeeze(0)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
+                need_weights: bool = True, attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+        """See the class docstring; returns (attn_output, attn_weights or None)."""
+        batched = self._check_inputs(query, key, value)
+        N, L, S = self._check_masks(query, key, batched, key_padding_mask, attn_mask, is_causal)
+        q, k, v = self._heads(*self._to_batch_first(batched, query, key, value))    # (N, h, L, d), (N, h, S', d)
+        mask, causal, bias = self._mask_and_bias(key_padding_mask, attn_mask, is_causal, need_weights,
+                                                 N, L, S, k.shape[2], q.device)
         p = self.dropout if self.training else 0.0
         backend = "reference" if need_weights and self.backend == "auto" else self.backend
         seed = _peek_dropout_seed() if need_weights and p > 0.0 and backend in _HASH_DROPOUT_BACKENDS else None
         res = attention(q, k, v, mask=mask, causal=causal, bias=bias, dropout_p=p, backend=backend,
                         return_weights=need_weights)
         out, weights = res if need_weights else (res, None)                          # (N, h, L, d), (N, h, L, S')
-        out = self.out_proj(rearrange(out, "n h l d -> n l (h d)"))                  # (N, L, E)
-        if batched and not self.batch_first:
-            out = out.transpose(0, 1)                                                # (L, N, E)
-        elif not batched:
-            out = out.squeeze(0)                                                     # (L, E)
-
+        out = self._from_batch_first(batched, self.out_proj(rearrange(out, "n h l d -> n l (h d)")))   # as given
         if weights is not None:
-            if seed is not None:   # the same keep mask the output was computed with (dropout.py)
-                keep = keep_mask(seed, p, N, h, 0, L, 0, S1, device=q.device)        # (N, h, L, S')
-                weights = weights * keep / (1.0 - p)
-            weights = weights.to(query.dtype)
-            if average_attn_weights:
-                weights = weights.mean(dim=1)                                        # (N, L, S')
-            if not batched:
-                weights = weights.squeeze(0)
+            weights = self._weights_as_torch(weights, seed, p, query.dtype, average_attn_weights, batched)
         return out, weights
 
     # --- what torch's Transformer layers call besides forward ------------------------------------

@@ -170,7 +170,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=d.rows, help="sequences per sample (R)")
     p.add_argument("--cols", type=int, default=None,
                    help=f"positions per sequence (C; default {d.cols}; --coupling tagged: {TAGGED_DATA['cols']} "
-                        f"columns with {d.min_pairs}-{TAGGED_DATA['max_pairs']} contacts >= {TAGGED_DATA['min_sep']} apart)")
+                        f"columns with {d.min_pairs}-{TAGGED_DATA['max_pairs']} contacts >= "
+                        f"{TAGGED_DATA['min_sep']} apart)")
     p.add_argument("--blocks", type=int, default=MODEL_DEFAULTS["n_blocks"],
                    help="Evoformer blocks (or flat transformer layers)")
     p.add_argument("--triangle", action="store_true", help="add triangle multiplicative updates to the pair track")

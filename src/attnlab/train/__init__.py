@@ -1,4 +1,5 @@
-"""Training any task (language models, seq2seq, ViT...): config, AdamW + warmup/cosine, the trainer, atomic safetensors checkpoints.
+"""Training any task (language models, seq2seq, ViT...): config, AdamW + warmup/cosine, the trainer,
+atomic safetensors checkpoints.
 
 Example::
 

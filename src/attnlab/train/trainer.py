@@ -1,8 +1,9 @@
 """The trainer: AdamW, warmup + cosine, clipping, accumulation, validation, checkpoints, resume.
 
 It trains any ``Task`` (``task.py``: the GPT language model, seq2seq, ViT, ...): the task builds
-the model and its batches, the trainer owns the loop. One optimizer step = ``grad_accum`` micro-batches (each ``batch_size`` rows), each loss
-divided by grad_accum before backward, then global-norm clipping, then AdamW at ``lr_at(step)``.
+the model and its batches, the trainer owns the loop. One optimizer step = ``grad_accum``
+micro-batches (each ``batch_size`` rows), each loss divided by grad_accum before backward, then
+global-norm clipping, then AdamW at ``lr_at(step)``.
 Validation loss is the mean over ``eval_iters`` batches drawn once from the validation split
 (the same batches at every evaluation, so the curve is not sampling noise). Everything a step
 depends on (weights, optimizer moments, step, the batch sampler's and torch's RNG states) is in
@@ -28,6 +29,7 @@ import signal
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -225,74 +227,103 @@ class Trainer:
             return self._train(max_steps, plot)
 
     def _train(self, max_steps: Optional[int], plot: bool) -> list[float]:
-        cfg = self.cfg
-        t0 = time.perf_counter()
+        pace = _Pace(t0=time.perf_counter())
         stop = {"why": None}
-        old_handler = None
-        if threading.current_thread() is threading.main_thread():
-            def on_sigint(signum, frame):
-                stop["why"] = "interrupted"
-                signal.signal(signal.SIGINT, old_handler)                     # a second Ctrl-C stops at once
-            old_handler = signal.signal(signal.SIGINT, on_sigint)
-        units_per_step = self.task.units_per_batch(cfg.batch_size) * cfg.grad_accum   # tokens or examples
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
+        old_handler = self._catch_sigint(stop)
+        units_per_step = self.task.units_per_batch(self.cfg.batch_size) * self.cfg.grad_accum   # tokens or examples
+        bar = tqdm(total=self.cfg.steps, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True)
         losses: list[float] = []
-        win = None                                                 # (step, time, eval time) when timing began
-        loop_s = None
-        step_s, ema_loss = None, None
         try:
             if self.step == 0 and self.evaluated_step is None:
                 self._evaluate_and_log()
-            while True:
-                limit = self.cfg.steps
-                if limit is not None and self.step >= limit:
-                    break
-                if max_steps is not None and self.step >= max_steps:
-                    stop["why"] = f"max_steps={max_steps}"
-                elif self.cfg.time_limit_min is not None and step_s is not None:
-                    budget = self.cfg.time_limit_min * 60 - (self.eval_seconds or 0.0) - 5.0
-                    if time.perf_counter() - t0 + (loop_s or step_s) > budget:
-                        stop["why"] = f"time limit ({self.cfg.time_limit_min} min)"
+            while self.cfg.steps is None or self.step < self.cfg.steps:
+                stop["why"] = self._stop_rule(max_steps, pace) or stop["why"]
                 stop["why"] = self.dist.first_stop(stop["why"])              # all ranks stop at the same step
                 if stop["why"]:
                     log.info("stopping at step %d: %s", self.step, stop["why"])
                     break
-                ts = time.perf_counter()
-                loss = self._train_step()
-                dt = time.perf_counter() - ts
-                self.step += 1
-                losses.append(loss)
-                step_s = dt if step_s is None else 0.9 * step_s + 0.1 * dt
-                ema_loss = loss if ema_loss is None else 0.95 * ema_loss + 0.05 * loss
-                self.metrics.write({"step": self.step, "loss": loss, "lr": self._lr,
-                                    _RATE_KEY.get(self.task.unit, f"{self.task.unit}_per_s"): units_per_step / dt,
-                                    "elapsed_s": time.perf_counter() - t0})
+                losses.append(self._timed_step(pace, units_per_step))
                 if self.budgeted:                # size the schedule to the time left, again at every evaluation
-                    now = time.perf_counter()
-                    if win is None:                                            # this call's first step warms up
-                        win = (self.step, now, self.eval_total)
-                    n, spent = self.step - win[0], now - win[1] - (self.eval_total - win[2])  # evaluations excluded
-                    enough = n >= cfg.calibrate_steps or (n >= 2 and spent > 3 * cfg.time_limit_min)  # or 5% of budget
-                    if enough and (self.cfg.steps is None or self.step % cfg.eval_interval == 0):
-                        loop_s = spent / n                                     # a whole loop turn, bookkeeping included
-                        self._size_to_budget(loop_s, now - t0)
-                        win = (self.step, now, self.eval_total)
-                    if self.dist.active:                                       # rank 0's timing rules
-                        self.cfg = self.cfg.but(steps=self.dist.from_main(self.cfg.steps))
+                    self._fit_schedule_to_budget(pace)
                     bar.total = self.cfg.steps
-                if self.step % cfg.eval_interval == 0 or self.step == self.cfg.steps:
-                    self._evaluate_and_log()
-                if self.step % cfg.checkpoint_interval == 0:
-                    self.save()
-                bar.update(1)
-                val = f"{self.last_val:.3f}" if self.last_val is not None else "-"
-                bar.set_postfix(loss=f"{ema_loss:.3f}", val=val,
-                                **{f"{self.task.unit}_s": f"{units_per_step / step_s:.0f}"}, refresh=False)
+                self._evaluate_and_save_when_due()
+                self._show_progress(bar, pace, units_per_step)
         finally:
             bar.close()
             self.interrupted = stop["why"] == "interrupted"
             if old_handler is not None and not self.interrupted:
                 signal.signal(signal.SIGINT, old_handler)
+        self._finish(plot)
+        return losses
+
+    # ---------------------------------------------------------------- the loop's steps
+    @staticmethod
+    def _catch_sigint(stop: dict):
+        """Make the first Ctrl-C set ``stop["why"]`` (the loop then checkpoints and stops); the second
+        one is the previous handler's (stops at once). Returns the previous handler (None off the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        old_handler = None
+
+        def on_sigint(signum, frame):
+            stop["why"] = "interrupted"
+            signal.signal(signal.SIGINT, old_handler)                         # a second Ctrl-C stops at once
+        old_handler = signal.signal(signal.SIGINT, on_sigint)
+        return old_handler
+
+    def _stop_rule(self, max_steps: Optional[int], pace: "_Pace") -> Optional[str]:
+        """Why to stop before the next step (max_steps reached, or it would overrun the time limit), or None."""
+        if max_steps is not None and self.step >= max_steps:
+            return f"max_steps={max_steps}"
+        if self.cfg.time_limit_min is not None and pace.step_s is not None:
+            budget = self.cfg.time_limit_min * 60 - (self.eval_seconds or 0.0) - 5.0
+            if time.perf_counter() - pace.t0 + (pace.loop_s or pace.step_s) > budget:
+                return f"time limit ({self.cfg.time_limit_min} min)"
+        return None
+
+    def _timed_step(self, pace: "_Pace", units_per_step: int) -> float:
+        """One optimizer step, timed; updates the running step time and loss, writes the metrics record."""
+        ts = time.perf_counter()
+        loss = self._train_step()
+        dt = time.perf_counter() - ts
+        self.step += 1
+        pace.step_s = dt if pace.step_s is None else 0.9 * pace.step_s + 0.1 * dt
+        pace.ema_loss = loss if pace.ema_loss is None else 0.95 * pace.ema_loss + 0.05 * loss
+        self.metrics.write({"step": self.step, "loss": loss, "lr": self._lr,
+                            _RATE_KEY.get(self.task.unit, f"{self.task.unit}_per_s"): units_per_step / dt,
+                            "elapsed_s": time.perf_counter() - pace.t0})
+        return loss
+
+    def _fit_schedule_to_budget(self, pace: "_Pace") -> None:
+        """Re-measure the loop's speed (evaluations excluded) and resize cfg.steps to the time left:
+        after calibrate_steps steps (or 5% of the budget), then at every evaluation."""
+        cfg = self.cfg
+        now = time.perf_counter()
+        if pace.win is None:                                           # this call's first step warms up
+            pace.win = (self.step, now, self.eval_total)
+        n, spent = self.step - pace.win[0], now - pace.win[1] - (self.eval_total - pace.win[2])
+        enough = n >= cfg.calibrate_steps or (n >= 2 and spent > 3 * cfg.time_limit_min)  # or 5% of budget
+        if enough and (cfg.steps is None or self.step % cfg.eval_interval == 0):
+            pace.loop_s = spent / n                                    # a whole loop turn, bookkeeping included
+            self._size_to_budget(pace.loop_s, now - pace.t0)
+            pace.win = (self.step, now, self.eval_total)
+        if self.dist.active:                                           # rank 0's timing rules
+            self.cfg = self.cfg.but(steps=self.dist.from_main(self.cfg.steps))
+
+    def _evaluate_and_save_when_due(self) -> None:
+        if self.step % self.cfg.eval_interval == 0 or self.step == self.cfg.steps:
+            self._evaluate_and_log()
+        if self.step % self.cfg.checkpoint_interval == 0:
+            self.save()
+
+    def _show_progress(self, bar, pace: "_Pace", units_per_step: int) -> None:
+        bar.update(1)
+        val = f"{self.last_val:.3f}" if self.last_val is not None else "-"
+        bar.set_postfix(loss=f"{pace.ema_loss:.3f}", val=val,
+                        **{f"{self.task.unit}_s": f"{units_per_step / pace.step_s:.0f}"}, refresh=False)
+
+    def _finish(self, plot: bool) -> None:
+        """A validation loss and a checkpoint at the last step (unless just done), then the loss-curve PNG."""
         if self.evaluated_step != self.step:
             self._evaluate_and_log()
         if self.saved_step != self.step:
@@ -303,7 +334,16 @@ class Trainer:
                             title=f"{self.task.name} {_num_params(self.model) / 1e6:.2f}M parameters "
                                   f"{getattr(self.task, 'title', lambda: '')()}".rstrip(),
                             ylabel=getattr(self.task, "loss_label", "training loss (the model's loss)"))
-        return losses
+
+
+@dataclass
+class _Pace:
+    """One ``train()`` call's timing and smoothed loss (the loop's state between its steps)."""
+    t0: float                                   # when the call began (perf_counter)
+    step_s: Optional[float] = None              # a step's time, exponentially smoothed
+    loop_s: Optional[float] = None              # a whole loop turn, bookkeeping included (time budgeting)
+    win: Optional[tuple] = None                 # (step, time, eval time) when the timing window began
+    ema_loss: Optional[float] = None            # the progress bar's smoothed loss
 
 
 def _same_dir(a: Path, b: Path) -> bool:
