@@ -4,10 +4,14 @@ Each module here is a thin layer over ``attnlab.functional.attention``: projecti
 splitting, positional schemes from ``attnlab.positional``, caches, and the
 ``Intermediates`` a visualizer asks for. The kernels stay in ``functional``.
 """
-# One import line per module (helpers add theirs below).
+# One import line per module, and its names in __all__.
 from .torch_mha import MultiheadAttention
-from .attention import AttentionConfig, Intermediates, MultiHeadAttention  # noqa: E402
-from .kv_cache import KVCache  # noqa: E402
-from .blocks import MLP, BlockConfig, Decoder, Encoder, TransformerBlock  # noqa: E402
-from .axial import AxialAttention, AxialAttentionConfig, AxialIntermediates  # noqa: E402
-from .rnn import RNNS, ElmanRNN, GRUBaseline, LSTMBaseline, RNNConfig, make_rnn  # noqa: E402
+from .attention import AttentionConfig, Intermediates, MultiHeadAttention
+from .kv_cache import KVCache
+from .blocks import MLP, BlockConfig, Decoder, Encoder, TransformerBlock
+from .axial import AxialAttention, AxialAttentionConfig, AxialIntermediates
+from .rnn import RNNS, ElmanRNN, GRUBaseline, LSTMBaseline, RNNConfig, make_rnn
+
+__all__ = ["MultiheadAttention", "AttentionConfig", "Intermediates", "MultiHeadAttention", "KVCache", "MLP",
+           "BlockConfig", "Decoder", "Encoder", "TransformerBlock", "AxialAttention", "AxialAttentionConfig",
+           "AxialIntermediates", "RNNS", "ElmanRNN", "GRUBaseline", "LSTMBaseline", "RNNConfig", "make_rnn"]
