@@ -104,6 +104,17 @@ def test_a_mask_written_with_the_old_names_still_works():
     torch.testing.assert_close(out, ref)
 
 
+def test_an_old_subclass_of_a_built_in_mask_can_call_super_block():
+    with pytest.warns(DeprecationWarning):
+        class CausalNotFirst(masks.CausalMask):
+            def block(self, r0, r1, c0, c1, L, S):
+                return super().block(r0, r1, c0, c1, L, S) & (torch.arange(c0, c1) > 0)
+
+    with pytest.warns(DeprecationWarning, match="Mask.block is deprecated"):
+        d = CausalNotFirst().dense(4, 4)[0, 0]
+    assert d.int().tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1]]
+
+
 def test_tile_helpers():
     r0, r1, c0, c1 = tiles.tile_bounds(10, 7, 4, 3)
     assert (r0.flatten().tolist(), r1.flatten().tolist()) == ([0, 4, 8], [4, 8, 10])
@@ -131,7 +142,8 @@ def test_mask_modules_do_not_import_back():
 
 def test_dense_values():
     assert masks.causal().dense(3, 3)[0, 0].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
-    assert masks.window(1, 0).dense(4, 4)[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    assert masks.window(1, 0).dense(4, 4)[0, 0].int().tolist() == \
+        [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
     assert masks.padding([2, 3]).dense(1, 4)[:, 0, 0].int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
     d = masks.documents(torch.tensor([0, 0, 1, 1, 1])).dense(5, 5)[0, 0].int()
     assert d.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1]]
