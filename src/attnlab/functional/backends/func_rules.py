@@ -21,7 +21,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["vmap_by_loop", "KernelGrad", "none_if_empty", "grads_in_input_dtypes"]
+__all__ = ["vmap_by_loop", "KernelGrad", "kernel_grad", "none_if_empty", "grads_in_input_dtypes",
+           "bias_param_grads", "reduce_to"]
 
 
 def vmap_by_loop(apply: Callable, info, in_dims, args) -> tuple[tuple[Tensor, ...], tuple[int, ...]]:
@@ -105,3 +106,32 @@ class KernelGrad(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, run, *tensors):
         return vmap_by_loop(lambda *t: KernelGrad.apply(run, *t), info, in_dims[1:], tensors)
+
+
+def kernel_grad(run: Callable, *tensors) -> tuple[Tensor, ...]:
+    """``KernelGrad.apply(run, *tensors)``; under torch.compile ``run(*tensors)`` itself, traced into the
+    backward graph (dynamo cannot trace a Function that takes a function; a compiled graph has no
+    torch.func transforms to serve, and refuses double backward itself)."""
+    if torch.compiler.is_compiling():
+        return run(*tensors)
+    return KernelGrad.apply(run, *tensors)
+
+
+def reduce_to(x: Tensor, shape) -> Tensor:
+    """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
+    dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
+    return x.sum(dims, keepdim=True) if dims else x
+
+
+def bias_param_grads(bias_of: Callable[[tuple], Tensor], params: tuple, g: Tensor) -> tuple:
+    """Gradients of a structured bias's parameters from one tile: the vector-Jacobian product of
+    ``b = bias_of(params)`` with the logits' gradient ``g`` summed down to b's (broadcast) shape.
+    An unused parameter gets None (or zeros under torch.compile, which traces ``torch.func.vjp``
+    where it cannot trace ``torch.autograd.grad``)."""
+    if torch.compiler.is_compiling():
+        b, vjp = torch.func.vjp(lambda *p: bias_of(p), *params)
+        return vjp(reduce_to(g, b.shape).to(b.dtype))
+    with torch.enable_grad():
+        leaves = tuple(p.detach().requires_grad_() for p in params)
+        b = bias_of(leaves)
+        return torch.autograd.grad(b, leaves, reduce_to(g, b.shape).to(b.dtype), allow_unused=True)

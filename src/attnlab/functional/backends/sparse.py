@@ -14,10 +14,15 @@ blocks get none. Work and memory are O(L * K * bk): a window of w keys costs O(n
 The backward pass is written by hand (FlashAttention-2's equations, Dao 2023): it keeps only
 q, k, v, the float32 output and the row log-sum-exp, and recomputes each chunk's probabilities;
 dk and dv are scattered back onto the key blocks with ``index_add_``.
+
+Under ``torch.compile`` the kernel reads no tensor value to choose a path, so that it compiles as
+one graph (fullgraph=True): the layout gathers every key block (``make_layout(static=True)``) and
+masks are applied with ``where``. Same exact result; only the eager kernel skips blocks.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,11 +30,11 @@ from torch import Tensor
 
 from ..bias import StructuredBias
 from ..dropout import keep_at
-from ..masks import EMPTY, Mask
+from ..masks import Mask
 from ..patterns import BlockLayoutMask
 from ..registry import register_backend
 from ..request import Bias
-from .func_rules import KernelGrad, grads_in_input_dtypes, none_if_empty, vmap_by_loop
+from .func_rules import bias_param_grads, grads_in_input_dtypes, kernel_grad, none_if_empty, vmap_by_loop
 from .reference import accum_dtype
 from .sparse_layout import Chunk, Layout, SparseStats, chunk_allowed, make_layout
 
@@ -67,10 +72,27 @@ def _keep(seed: int, p: float, B: int, H: int, bs: slice, rows: Tensor, cols: Te
     return keep_at(seed, p, bh.view(*bh.shape, 1, 1, 1, 1), rows[:, :, None, None], cols[:, None])
 
 
+@dataclass(frozen=True, eq=False)
+class SparseSpec:
+    """The static part of one sparse call: everything but the tensors that autograd tracks.
+    Built once by ``sparse_attention`` and passed through ``_SparseAttention``."""
+    bias_s: Optional[StructuredBias]
+    layout: Layout
+    scale: float
+    softcap: Optional[float] = None
+    dropout_p: float = 0.0
+    seed: Optional[int] = None
+    want_weights: bool = False
+    # May the kernel read tensor values to pick a faster path (additive masking)? False under
+    # torch.compile, where a graph cannot branch on data.
+    inspect_data: bool = True
+
+
 class _Problem:
     """Inputs regrouped into blocks, and the per-chunk pieces the forward and backward share."""
 
-    def __init__(self, q, k, v, bias_t, bias_s, params, layout: Layout, scale, dropout_p, seed, softcap=None):
+    def __init__(self, spec: SparseSpec, q, k, v, bias_t, params):
+        bias_s, layout, scale = spec.bias_s, spec.layout, spec.scale
         B, H, L, D = q.shape
         Hkv, S = k.shape[1], k.shape[2]
         bq, bk = layout.block_q, layout.block_k
@@ -87,9 +109,11 @@ class _Problem:
         self.vb = pad(v, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, -1)     # (B, Hkv, nk, bk, Dv)
         self.bias_t, self.bias_s, self.params = bias_t, bias_s, params
         self.layout, self.scale = layout, scale
-        self.nonfinite = not (q.is_meta or (bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())))  # logits()
-        self.dropout_p, self.seed = dropout_p, seed
-        self.softcap = softcap
+        # logits(): NaN/inf in q or k (assumed under torch.compile, where ``where`` is right either way)
+        self.nonfinite = not q.is_meta and (not spec.inspect_data or not (
+            bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())))
+        self.dropout_p, self.seed = spec.dropout_p, spec.seed
+        self.softcap = spec.softcap
         self.tanh: Optional[Tensor] = None    # the last chunk's tanh(u / softcap), for the backward
 
     def chunks(self):
@@ -183,7 +207,7 @@ def _forward(pb: _Problem, want_weights: bool):
         lse[bs, :, qsel] = (m + torch.log2(l)).flatten(-3)        # base 2
         inv_l = 1.0 / torch.where(l > 0, l, 1.0)                    # empty rows: l = 0 -> output 0
         if w7 is not None:
-            qi, si = (ch.kinds != EMPTY).nonzero().unbind(1)
+            qi, si = ch.filled_pos.unbind(1)
             target = w7[bs].permute(3, 5, 0, 1, 2, 4, 6)             # (nq, nk, Bg, Hkv, G, bq, bk) view
             target[ch.qsel[qi], ch.idx[qi, si]] = (p * inv_l).permute(2, 5, 0, 1, 3, 4, 6)[qi, si]
         if pb.dropout_p > 0.0:
@@ -229,10 +253,7 @@ def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: b
             r, c = pb.positions(ch)
             _scatter_bias(dbias, g6, bs, r.clamp(max=L - 1), c.clamp(max=S - 1))
         if dparams:
-            with torch.enable_grad():
-                params = tuple(t.detach().requires_grad_() for t in pb.params)
-                b = pb.bias_chunk(bs, ch, params)
-                grads = torch.autograd.grad(b, params, _reduce_to(g6, b.shape).to(b.dtype), allow_unused=True)
+            grads = bias_param_grads(lambda params: pb.bias_chunk(bs, ch, params), pb.params, g6)
             for acc_g, g_ in zip(dparams, grads):
                 if g_ is not None:
                     acc_g += g_
@@ -244,12 +265,6 @@ def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: b
         dk[bs].index_add_(2, ix, dkg.view(-1, Hkv, C * K, bk, D).to(acc))
     # ds is the gradient of the natural logits; dk was taken against q scaled by scale * log2(e).
     return dq.mul_(pb.scale), dk.mul_(LN2), dv, dbias, dparams
-
-
-def _reduce_to(x: Tensor, shape) -> Tensor:
-    """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
-    dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
-    return x.sum(dims, keepdim=True) if dims else x
 
 
 def _scatter_bias(dbias: Tensor, g6: Tensor, bs: slice, r: Tensor, c: Tensor) -> None:
@@ -264,20 +279,15 @@ def _scatter_bias(dbias: Tensor, g6: Tensor, bs: slice, r: Tensor, c: Tensor) ->
     target.view(target.shape[0] * Hb, Lb * Sb).index_add_(1, flat, g.flatten(2).flatten(0, 1))
 
 
-def _problem(cfg: dict, q, k, v, bias_t, params) -> _Problem:
-    return _Problem(q, k, v, bias_t, cfg["bias_s"], tuple(params), cfg["layout"], cfg["scale"],
-                    cfg["dropout_p"], cfg["seed"], cfg["softcap"])
-
-
 class _SparseAttention(torch.autograd.Function):
-    """(q, k, v, bias_t, cfg, *params) -> (out, fp32 block output, lse, weights or empty).
+    """(q, k, v, bias_t, spec, *params) -> (out, fp32 block output, lse, weights or empty).
 
     setup_context + a vmap rule (``func_rules``): works under torch.func (grad, vmap, jacrev)."""
 
     @staticmethod
-    def forward(q, k, v, bias_t, cfg, *params):
-        pb = _problem(cfg, q, k, v, bias_t, params)
-        out, lse, weights = _forward(pb, cfg["weights"])
+    def forward(q, k, v, bias_t, spec: SparseSpec, *params):
+        pb = _Problem(spec, q, k, v, bias_t, params)
+        out, lse, weights = _forward(pb, spec.want_weights)
         B, H, Hkv, G, L, S, D, Dv = pb.dims
         # (B, Hkv, nq, G, bq, Dv) -> (B, H, L, Dv)
         res = out.transpose(2, 3).reshape(B, H, -1, Dv)[:, :, :L].to(q.dtype)
@@ -285,20 +295,20 @@ class _SparseAttention(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, bias_t, cfg, *params = inputs
+        q, k, v, bias_t, spec, *params = inputs
         _, out, lse, weights = output
         ctx.save_for_backward(q, k, v, bias_t, out, lse, *params)
-        ctx.cfg = cfg
+        ctx.spec = spec
         ctx.mark_non_differentiable(out, lse, weights)
 
     @staticmethod
     def backward(ctx, dout, _dacc, _dlse, _dweights):
         q, k, v, bias_t, out, lse, *params = ctx.saved_tensors
-        cfg = ctx.cfg
+        spec = ctx.spec
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
 
         def run(dout, q, k, v, bias_t, out, lse, *params):
-            pb = _problem(cfg, q, k, v, bias_t, params)
+            pb = _Problem(spec, q, k, v, bias_t, tuple(params))
             B, H, Hkv, G, L, S, D, Dv = pb.dims
             nq, bq = out.shape[2], pb.layout.block_q
             dout = torch.nn.functional.pad(dout, (0, 0, 0, nq * bq - L))
@@ -308,7 +318,7 @@ class _SparseAttention(torch.autograd.Function):
             dk, dv = dk.reshape(B, Hkv, -1, D)[:, :, :S], dv.reshape(B, Hkv, -1, Dv)[:, :, :S]
             return grads_in_input_dtypes(dq, dk, dv, dbias, dparams, q, k, v, bias_t, params)
 
-        dq, dk, dv, dbias, *dparams = KernelGrad.apply(run, dout, q, k, v, bias_t, out, lse, *params)
+        dq, dk, dv, dbias, *dparams = kernel_grad(run, dout, q, k, v, bias_t, out, lse, *params)
         return (dq, dk, dv, none_if_empty(dbias), None, *dparams)
 
     @staticmethod
@@ -344,13 +354,14 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     for name, val in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"sparse backend: {name}={val!r} must be a positive int")
-    layout = make_layout(mask, B, H, L, S, block_q, block_k, CHUNK_SCORES)
+    static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
+    layout = make_layout(mask, B, H, L, S, block_q, block_k, CHUNK_SCORES, static=static)
     if stats is not None:
         stats.add(layout.stats)
     bias_t = bias if isinstance(bias, Tensor) else None
     bias_s = bias if isinstance(bias, StructuredBias) else None
     params = bias_s.params if bias_s is not None else ()
-    cfg = dict(mask=mask, bias_s=bias_s, layout=layout, scale=scale, dropout_p=dropout_p, seed=dropout_seed,
-               weights=return_weights, softcap=softcap)
-    out, _, _, weights = _SparseAttention.apply(q, k, v, bias_t, cfg, *params)
+    spec = SparseSpec(bias_s=bias_s, layout=layout, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                      seed=dropout_seed, want_weights=return_weights, inspect_data=not static)
+    out, _, _, weights = _SparseAttention.apply(q, k, v, bias_t, spec, *params)
     return (out, weights) if return_weights else out

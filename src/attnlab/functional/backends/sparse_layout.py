@@ -3,7 +3,11 @@
 From the mask's tile kinds (EMPTY / PARTIAL / FULL per (query block x key block)) every query
 block gets the list of its non-empty key blocks, padded to the longest list with "slots" that
 point at block 0 and are masked out. Only PARTIAL blocks are asked for their element mask
-(``Mask.block``, shared between blocks with equal ``block_key``); FULL blocks get none.
+(``Mask.tile``, shared between blocks with equal ``Mask.tile_key``); FULL blocks get none.
+
+Under ``torch.compile`` the layout may not depend on tensor values (a graph cannot branch on them):
+``make_layout(..., static=True)`` gathers every key block for every query block and masks them all
+with one element mask per query block (exact, no skipping).
 
 Example::
 
@@ -45,6 +49,8 @@ class Chunk:
     kinds: Tensor              # (C, K) int8: EMPTY (padding), PARTIAL or FULL
     part_pos: Tensor           # (P, 2) long: (row in chunk, slot) of each PARTIAL slot
     part_blocks: Optional[Tensor]   # (P, Bm, Hm, bq, bk) bool element masks of those slots
+    filled_pos: Tensor         # (F, 2) long: (row in chunk, slot) of each non-padding slot
+    all_allowed: bool          # nothing to mask: no PARTIAL or padding slot, no key past S
 
 
 @dataclass
@@ -59,10 +65,10 @@ def _element_block(mask: Mask, qb: int, kb: int, L: int, S: int, bq: int, bk: in
     """(Bm, Hm, bq, bk) bool mask of one tile; rows >= L and keys >= S are False."""
     r0, c0 = qb * bq, kb * bk
     r1, c1 = min(L, r0 + bq), min(S, c0 + bk)
-    key = mask.block_key(r0, r1, c0, c1, L, S)
+    key = mask.tile_key(r0, r1, c0, c1, L, S)
     if key is not None and key in cache:
         return cache[key]
-    blk = mask.block(r0, r1, c0, c1, L, S)
+    blk = mask.tile(r0, r1, c0, c1, L, S)
     blk = blk.reshape((1,) * (4 - blk.dim()) + tuple(blk.shape)).cpu()
     blk = blk.expand(-1, -1, r1 - r0, c1 - c0)
     out = torch.nn.functional.pad(blk, (0, bk - (c1 - c0), 0, bq - (r1 - r0)), value=False)
@@ -103,7 +109,9 @@ def _chunks(kinds: Tensor, mask: Optional[Mask], bs: slice, L: int, S: int, bq: 
             blocks = torch.stack([g.expand(shape) for g in got])  # (P, Bm, Hm, bq, bk)
             if blocks.shape[1] > 1:
                 blocks = blocks[:, bs]                            # this group's examples only
-        chunks.append(Chunk(qsel, idx, slot_kinds, part_pos, blocks))
+        cols = idx[:, :, None] * bk + torch.arange(bk)            # (C, K, bk) key positions
+        all_allowed = blocks is None and bool(valid.all()) and bool((cols < S).all())
+        chunks.append(Chunk(qsel, idx, slot_kinds, part_pos, blocks, valid.nonzero(), all_allowed))
         stats.slots_padded += int((~valid).sum())
         stats.scores += examples * len(qsel) * bq * K * bk
         start = stop
@@ -113,11 +121,50 @@ def _chunks(kinds: Tensor, mask: Optional[Mask], bs: slice, L: int, S: int, bq: 
     return chunks
 
 
+def _static_chunks(mask: Optional[Mask], L: int, S: int, bq: int, bk: int, B: int, H: int, budget: int,
+                   stats: SparseStats) -> list[Chunk]:
+    """Chunks that read no tensor value: every query block gathers every key block (FULL without a
+    mask, else PARTIAL with its element mask, one ``Mask.tile`` of whole key rows per query block)."""
+    nq, nk = -(-L // bq), -(-S // bk)
+    per_row = max(1, budget // (B * H * bq * nk * bk))           # query blocks per chunk
+    kind = FULL if mask is None else PARTIAL
+    chunks = []
+    for start in range(0, nq, per_row):
+        stop = min(nq, start + per_row)
+        C = stop - start
+        qsel = torch.arange(start, stop)
+        idx = torch.arange(nk).expand(C, nk)
+        every = torch.stack(torch.meshgrid(torch.arange(C), torch.arange(nk), indexing="ij"), -1).view(-1, 2)
+        blocks = None
+        if mask is not None:
+            rows = []
+            for qb in range(start, stop):
+                r0, r1 = qb * bq, min(L, qb * bq + bq)
+                t = mask.tile(r0, r1, 0, S, L, S)
+                t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).cpu().expand(-1, -1, r1 - r0, S)
+                t = torch.nn.functional.pad(t, (0, nk * bk - S, 0, bq - (r1 - r0)), value=False)
+                rows.append(t.unflatten(-1, (nk, bk)).permute(3, 0, 1, 2, 4))   # (nk, Bm, Hm, bq, bk)
+            blocks = torch.cat(rows)                                 # (C * nk, Bm, Hm, bq, bk)
+        chunks.append(Chunk(qsel, idx, torch.full((C, nk), kind, dtype=torch.int8),
+                            every if mask is not None else every[:0], blocks, every,
+                            mask is None and nk * bk == S))
+        stats.scores += B * C * bq * nk * bk
+    stats.blocks_total += nq * nk
+    stats.blocks_computed += nq * nk
+    stats.blocks_masked += nq * nk if mask is not None else 0
+    return chunks
+
+
 def make_layout(mask: Optional[Mask], B: int, H: int, L: int, S: int, block_q: int, block_k: int,
-                budget: int = 1 << 21) -> Layout:
+                budget: int = 1 << 21, static: bool = False) -> Layout:
     """The chunks of a (B, H, L, S) problem, per distinct per-example mask schedule; ``budget``
-    bounds the score entries of one chunk (all heads and examples together)."""
+    bounds the score entries of one chunk (all heads and examples together). ``static``: a layout
+    from the shapes alone (``_static_chunks``), for torch.compile."""
     nq, nk = -(-L // block_q), -(-S // block_k)
+    if static:
+        stats = SparseStats()
+        return Layout([(slice(0, B), _static_chunks(mask, L, S, block_q, block_k, B, H, budget, stats))],
+                      block_q, block_k, stats)
     if mask is None:
         kinds = torch.full((1, nq, nk), FULL, dtype=torch.int8)
     else:
@@ -140,11 +187,11 @@ def chunk_allowed(ch: Chunk, S: int, bk: int) -> Optional[Tensor]:
     Padding slots and keys past S are False; PARTIAL slots take their element block; FULL slots
     are True (their rows past L are discarded by the caller).
     """
+    if ch.all_allowed:
+        return None
     C, K = ch.kinds.shape
     cols = ch.idx[:, :, None] * bk + torch.arange(bk)             # (C, K, bk) key positions
     base = (ch.kinds != EMPTY)[:, :, None] & (cols < S)           # (C, K, bk)
-    if ch.part_blocks is None and bool(base.all()):
-        return None
     bm, hm, bq = (1, 1, 1) if ch.part_blocks is None else ch.part_blocks.shape[1:4]
     allowed = base[:, :, None, None, None, :].expand(C, K, bm, hm, bq, bk).clone()
     if ch.part_blocks is not None:

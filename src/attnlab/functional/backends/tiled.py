@@ -16,11 +16,21 @@ CPU at the same accuracy (1 ulp); the saved log-sum-exp is in log2 units too (ls
 Empty tiles of a structured mask are never visited, full ones get no masking work. Additive
 bias tensors (with gradient) and structured biases (``StructuredBias``, computed per tile, with
 gradient for their parameters) are supported, and so is dropout (counter-based, see ``dropout``).
+
+Reading order: ``tiled_attention`` (bottom) builds a ``TiledSpec`` (the static problem: mask,
+schedule, scale, ...) once and hands it, with the tensors, to ``_TiledAttention``; ``_forward`` is
+the online softmax over one row tile's spans (``_raise_max`` is the textbook step,
+``_keep_max`` the lazy-rescaling shortcut), ``_backward`` the FlashAttention-2 backward.
+
+Under ``torch.compile`` (``torch.compiler.is_compiling()``) the kernel takes no branch that
+depends on tensor values, so that it compiles as one graph (fullgraph=True): every tile is visited
+and masked (``make_plan(static=True)``), the max is updated on every span, masks are applied with
+``where``. The result is the same exact attention; only the eager kernel skips work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import enum
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -28,32 +38,20 @@ from torch import Tensor
 
 from ..bias import StructuredBias
 from ..dropout import keep_mask
-from ..masks import CausalMask, Mask
+from ..masks import Mask
 from ..registry import register_backend
 from ..request import Bias
-from .func_rules import KernelGrad, grads_in_input_dtypes, none_if_empty, vmap_by_loop
+from .func_rules import (bias_param_grads, grads_in_input_dtypes, kernel_grad, none_if_empty, reduce_to,
+                         vmap_by_loop)
 from .reference import accum_dtype
-from .tiled_plan import Plan, RowTile, Span, TileStats, make_plan
+from .tiled_plan import FINE_K, Plan, RowTile, Span, TileStats, make_plan, tile_sizes
 
-__all__ = ["tiled_attention", "TileStats"]
+__all__ = ["tiled_attention", "TileStats", "TiledSpec"]
 
-FINE_K = 64     # granularity at which the mask is classified; spans are merged runs of these
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # A span may reuse the running max while its row sums stay below this (fp16 P must stay finite).
 STALE_LIMIT = {torch.float16: 2.0 ** 15}
-
-
-def default_blocks(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
-    """(block_q, block_k), measured fastest on the 2-core Zen 4 CI machine (docs/benchmarks.md).
-
-    Wide tiles when whole rows are computed (no mask, causal); narrower row tiles for banded and
-    block masks, where a tall tile wastes work at the band's slanted edges. In bf16/fp16 the
-    matmuls are cheap and the fp32 softmax passes dominate: 256 x 256 keeps them in cache.
-    """
-    if mask is None or isinstance(mask, CausalMask):
-        return (256, 512) if dtype in (torch.float32, torch.float64) else (256, 256)
-    return 128, 512
 
 
 def _to5(t: Tensor, Hkv: int, G: int) -> Tensor:
@@ -79,34 +77,55 @@ def _lse_for_recompute(lse2: Tensor) -> Tensor:
     return torch.where(lse2 == float("-inf"), float("inf"), lse2)
 
 
-def _reduce_to(x: Tensor, shape: torch.Size) -> Tensor:
-    """Sum x over the dims where ``shape`` is 1 (undo broadcasting)."""
-    dims = [d for d, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
-    return x.sum(dims, keepdim=True) if dims else x
+@dataclass(frozen=True, eq=False)
+class TiledSpec:
+    """The static part of one tiled call: everything but the tensors that autograd tracks.
+
+    Built once by ``tiled_attention``, passed through ``_TiledAttention`` and shared by the
+    forward, backward and weights passes.
+    """
+    mask: Optional[Mask]
+    bias_s: Optional[StructuredBias]
+    plan: Plan
+    qscale: float                          # scale * log2(e): scores in base 2
+    softcap: Optional[float] = None        # scores become softcap * tanh(scores / softcap) before bias and mask
+    dropout_p: float = 0.0
+    seed: Optional[int] = None
+    # May the kernel read tensor values to pick a faster path (lazy rescaling, additive masking)?
+    # False under torch.compile, where a graph cannot branch on data.
+    inspect_data: bool = True
+
+
+class RunningMax(enum.Enum):
+    """What the next span of a row tile does with the running max."""
+    UPDATE = "raise the max to cover the span and rescale the old state (the textbook step)"
+    REUSE_IF_FINITE = "reuse it if every row has a finite max (a mask or bias may leave a row at -inf)"
+    REUSE = "reuse it while the span's row sums stay bounded (lazy rescaling)"
 
 
 @dataclass
 class _Problem:
-    """Everything the forward, backward and weight passes share."""
+    """One call's spec and tensors: everything the forward, backward and weight passes share."""
+    spec: TiledSpec
     q5: Tensor                   # (B, Hkv, G, L, D) queries, input dtype
     k4: Tensor                   # (B, Hkv, S, D)
     v4: Tensor                   # (B, Hkv, S, Dv)
-    mask: Optional[Mask]
     bias_t: Optional[Tensor]     # (B|1, H|1, L|1, S|1)
-    bias_s: Optional[StructuredBias]
     bias_params: tuple[Tensor, ...]
-    dropout_p: float
-    seed: Optional[int]
-    plan: Plan
-    qscale: float                # scale * log2(e): scores in base 2
-    blocks: dict                 # additive mask blocks shared between tiles (Mask.block_key)
+    tile_masks: dict = field(default_factory=dict, init=False, repr=False)   # by (Mask.tile_key, dtype)
+    _nonfinite: Optional[bool] = field(default=None, init=False, repr=False)
 
-    @cached_property
+    @property
     def nonfinite(self) -> bool:
         """q or k holds a NaN/inf (checked once, only where a tile is partly masked): masks are then applied
-        with ``where``, since NaN + -inf is NaN and a masked key must never reach a row (as in the reference)."""
-        return not (self.q5.is_meta or (bool(torch.isfinite(self.q5).all()) and bool(torch.isfinite(self.k4).all())))
-    softcap: Optional[float] = None   # scores become softcap * tanh(scores / softcap) before bias and mask
+        with ``where``, since NaN + -inf is NaN and a masked key must never reach a row (as in the reference).
+        Assumed without looking under torch.compile (``where`` is right either way). (Not a cached_property:
+        its lock is a context manager that dynamo cannot enter.)"""
+        if self._nonfinite is None:
+            self._nonfinite = not self.q5.is_meta and (
+                not self.spec.inspect_data
+                or not (bool(torch.isfinite(self.q5).all()) and bool(torch.isfinite(self.k4).all())))
+        return self._nonfinite
 
     @property
     def dims(self):
@@ -124,20 +143,21 @@ class _Problem:
         """
         qt = self.rows(self.q5, bs, t)
         if qt.dtype == accum_dtype(qt.dtype):
-            return qt * self.qscale
-        return (qt.to(accum_dtype(qt.dtype)) * self.qscale).to(qt.dtype)
+            return qt * self.spec.qscale
+        return (qt.to(accum_dtype(qt.dtype)) * self.spec.qscale).to(qt.dtype)
 
     def neg_block(self, t: RowTile, c0: int, c1: int, dtype: torch.dtype, device) -> Tensor:
         """The mask of rows t.r0:t.r1, keys c0:c1 as an additive (Bm|1, Hm|1, lr, c1 - c0) block:
         0 where allowed, -inf where not. Blocks with a shareable key (causal, window) are built once."""
         B, Hkv, G, L, S, _, _ = self.dims
-        key = self.mask.block_key(t.r0, t.r1, c0, c1, L, S)
-        if key is not None and (key, dtype) in self.blocks:
-            return self.blocks[key, dtype]
-        allowed = self.mask.block(t.r0, t.r1, c0, c1, L, S).to(device)
+        mask = self.spec.mask
+        key = mask.tile_key(t.r0, t.r1, c0, c1, L, S)
+        if key is not None and (key, dtype) in self.tile_masks:
+            return self.tile_masks[key, dtype]
+        allowed = mask.tile(t.r0, t.r1, c0, c1, L, S).to(device)
         neg = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
         if key is not None:
-            self.blocks[key, dtype] = neg
+            self.tile_masks[key, dtype] = neg
         return neg
 
     def cols(self, x4: Tensor, bs: slice, sp: Span) -> Tensor:
@@ -157,12 +177,13 @@ class _Problem:
         """
         B, Hkv, G, L, S, _, _ = self.dims
         kt = self.cols(self.k4, bs, sp).transpose(1, 2)                     # (Bg*Hkv, D, lc)
-        plain = self.bias_t is None and self.bias_s is None
+        bias_s, softcap = self.spec.bias_s, self.spec.softcap
+        plain = self.bias_t is None and bias_s is None
         s = torch.bmm(qt, kt)                                               # (Bg*Hkv, G*lr, lc)
         th = None
-        if self.softcap is not None:                                        # s is in base 2: u = s * ln 2
-            th = torch.tanh(s.to(accum_dtype(s.dtype)).mul_(LN2 / self.softcap))
-            s = th * (LOG2E * self.softcap)
+        if softcap is not None:                                             # s is in base 2: u = s * ln 2
+            th = torch.tanh(s.to(accum_dtype(s.dtype)).mul_(LN2 / softcap))
+            s = th * (LOG2E * softcap)
         if plain and not sp.masked:
             return (s, th) if with_tanh else s
         lr, lc = t.r1 - t.r0, sp.c1 - sp.c0
@@ -173,8 +194,8 @@ class _Problem:
             rows = slice(t.r0, t.r1) if b.shape[2] != 1 else slice(None)
             cols = slice(sp.c0, sp.c1) if b.shape[3] != 1 else slice(None)
             s5.add_(_to5(_batch(b, bs)[:, :, rows, cols], Hkv, G), alpha=LOG2E)
-        if self.bias_s is not None:
-            b = self.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
+        if bias_s is not None:
+            b = bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
             s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
         for a, z in sp.masked:                       # only the key ranges of PARTIAL tiles
             neg = _to5(_batch(self.neg_block(t, a, z, s.dtype, s.device), bs), Hkv, G)
@@ -188,67 +209,94 @@ class _Problem:
     def keep(self, bs: slice, t: RowTile, sp: Span, shape) -> Tensor:
         """The dropout keep mask of this tile, in the (Bg * Hkv, G * lr, lc) layout."""
         B, Hkv, G, _, _, _, _ = self.dims
-        keep = keep_mask(self.seed, self.dropout_p, B, Hkv * G, t.r0, t.r1, sp.c0, sp.c1,
+        keep = keep_mask(self.spec.seed, self.spec.dropout_p, B, Hkv * G, t.r0, t.r1, sp.c0, sp.c1,
                          device=self.q5.device)[bs]                          # (Bg, H, lr, lc)
         return keep.reshape(shape)
 
 
+def _raise_max(s: Tensor, m: Tensor, guard: bool, first: bool):
+    """The textbook online-softmax step: raise the running max m to cover the span's logits s.
+
+    Returns p = exp2(s - m_new) (n, R, lc), its row sums (n, R, 1), alpha = exp2(m - m_new) (n, R, 1)
+    that rescales the state kept so far (None on the first span: nothing kept yet) and m_new.
+    ``guard``: a mask or bias may leave a row with only -inf so far; 0 is subtracted there, so exp2
+    gives 0, not NaN.
+    """
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(m.dtype))
+    m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
+    p = _exp2_minus(s, m_use)                                               # (n, R, lc), unnormalized
+    alpha = None if first else torch.exp2(m - m_use)
+    return p, p.sum(-1, keepdim=True), alpha, m_new
+
+
+def _keep_max(s: Tensor, m: Tensor, limit: float):
+    """Lazy rescaling: the span keeps the running max m, so the old state needs no rescaling and
+    the max no update (one pass fewer). Safe while m is a real logit of every row (exp2(s - m)
+    cannot lose a row's mass to underflow) and the new row sums stay at most ``limit`` (far from
+    overflow). Returns (p, row sums, None: nothing to rescale), or None when a sum exceeds the
+    limit (s is then consumed: the caller recomputes it and takes ``_raise_max``).
+    """
+    p = _exp2_minus(s, m)                                                   # (n, R, lc)
+    rowsum = p.sum(-1, keepdim=True)
+    if not bool(rowsum.max() <= limit):
+        return None
+    return p, rowsum, None
+
+
+def _accumulate(l: Optional[Tensor], acc: Optional[Tensor], p: Tensor, rowsum: Tensor, alpha: Optional[Tensor],
+                v: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    """l <- alpha * l + rowsum, acc <- alpha * acc + p @ v (no alpha: the max was kept; no acc: the
+    first span). acc (n, R, Dv) is in the accumulation dtype, the matmul in the input dtype ``dt``."""
+    if acc is None:
+        return rowsum, torch.bmm(p.to(dt), v).to(rowsum.dtype)
+    if alpha is not None:
+        l.mul_(alpha)
+        acc.mul_(alpha)
+    l.add_(rowsum)
+    if acc.dtype == dt:
+        acc.baddbmm_(p, v)
+    else:
+        acc.add_(torch.bmm(p.to(dt), v))
+    return l, acc
+
+
 def _forward(pb: _Problem):
     """Online-softmax forward: out (B, Hkv, G, L, Dv) in the accumulation dtype, lse2 (B, Hkv, G, L)."""
+    spec = pb.spec
     B, Hkv, G, L, S, D, Dv = pb.dims
     dt = pb.q5.dtype
     acc_dt = accum_dtype(dt)
     out5 = pb.q5.new_empty(B, Hkv, G, L, Dv, dtype=acc_dt)
     lse2 = pb.q5.new_empty(B, Hkv, G, L, dtype=acc_dt)
-    guard = pb.mask is not None or pb.bias_t is not None or pb.bias_s is not None
-    for bs, tiles in pb.plan.groups:
+    guard = spec.mask is not None or pb.bias_t is not None or spec.bias_s is not None
+    # after an update, may the next span keep the max? Only rows whose max is finite can.
+    after_update = (RunningMax.UPDATE if not spec.inspect_data else
+                    RunningMax.REUSE_IF_FINITE if guard else RunningMax.REUSE)
+    limit = STALE_LIMIT.get(dt, 2.0 ** 64)
+    for bs, tiles in spec.plan.groups:
         for t in tiles:
             qt = pb.qrows(bs, t)                                            # (Bg*Hkv, G*lr, D)
             n, R = qt.shape[0], qt.shape[1]
             m = qt.new_full((n, R, 1), float("-inf"), dtype=acc_dt)         # running max (base 2)
-            l = qt.new_zeros((n, R, 1), dtype=acc_dt)                       # running sum
-            acc = None                                                      # unnormalized output (n, R, Dv)
-            stale_ok = False                                                # may a span keep the current max?
+            l, acc = None, None                                             # running sum, unnormalized output
+            policy = RunningMax.UPDATE
             for sp in t.spans:
                 s = pb.logits(qt, bs, t, sp)                                 # (n, R, lc)
-                p, alpha = None, None
-                if stale_ok is None:                                        # checked only when a span follows
-                    stale_ok = bool(torch.isfinite(m).all())
-                if stale_ok:
-                    # Lazy rescaling: m is a real logit of every row, so exp2(s - m) cannot lose a
-                    # row's mass to underflow; while the new terms stay far from overflow the old
-                    # state needs no rescaling and the max needs no update (one pass fewer).
-                    p = _exp2_minus(s, m)
-                    rowsum = p.sum(-1, keepdim=True)
-                    if not bool(rowsum.max() <= STALE_LIMIT.get(dt, 2.0 ** 64)):
-                        p, s = None, pb.logits(qt, bs, t, sp)                # rare: redo it properly
-                if p is None:
-                    m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(acc_dt))
-                    # A row may still have seen only -inf: subtract 0 there so exp gives 0, not NaN.
-                    m_use = torch.where(m_new == float("-inf"), 0.0, m_new) if guard else m_new
-                    p = _exp2_minus(s, m_use)                                # (n, R, lc), unnormalized
-                    rowsum = p.sum(-1, keepdim=True)
-                    if acc is not None:
-                        alpha = torch.exp2(m - m_use)                        # (n, R, 1) rescales old state
-                    m = m_new
-                    stale_ok = True if not guard else None                  # rows with m = -inf can't reuse it
-                if pb.dropout_p > 0.0:
-                    p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - pb.dropout_p)
-                pv = pb.cols(pb.v4, bs, sp)                                  # (n, lc, Dv)
-                if acc is None:                                             # first span: nothing to rescale
-                    l = rowsum
-                    acc = torch.bmm(p.to(dt), pv).to(acc_dt)
-                    continue
-                if alpha is not None:
-                    l.mul_(alpha)
-                    acc.mul_(alpha)
-                l.add_(rowsum)
-                if dt == acc_dt:
-                    acc.baddbmm_(p, pv)
+                if policy is RunningMax.REUSE_IF_FINITE:                    # checked only when a span follows
+                    policy = RunningMax.REUSE if bool(torch.isfinite(m).all()) else RunningMax.UPDATE
+                step = _keep_max(s, m, limit) if policy is RunningMax.REUSE else None
+                if step is None:
+                    if policy is RunningMax.REUSE:                          # rare: s was consumed, redo it properly
+                        s = pb.logits(qt, bs, t, sp)
+                    p, rowsum, alpha, m = _raise_max(s, m, guard, first=acc is None)
+                    policy = after_update
                 else:
-                    acc.add_(torch.bmm(p.to(dt), pv))
+                    p, rowsum, alpha = step
+                if spec.dropout_p > 0.0:
+                    p = p * pb.keep(bs, t, sp, p.shape) / (1.0 - spec.dropout_p)
+                l, acc = _accumulate(l, acc, p, rowsum, alpha, pb.cols(pb.v4, bs, sp), dt)
             if acc is None:                                                 # a row tile with nothing to see
-                acc = qt.new_zeros((n, R, Dv), dtype=acc_dt)
+                l, acc = qt.new_zeros((n, R, 1), dtype=acc_dt), qt.new_zeros((n, R, Dv), dtype=acc_dt)
             o = acc / l.clamp_min(torch.finfo(acc_dt).tiny)                 # rows with l == 0 -> 0
             out5[bs, :, :, t.r0:t.r1] = o.view(-1, Hkv, G, t.r1 - t.r0, Dv)
             lse2[bs, :, :, t.r0:t.r1] = (m + torch.log2(l)).view(-1, Hkv, G, t.r1 - t.r0)
@@ -271,7 +319,7 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
     dv4 = torch.zeros(B, Hkv, S, Dv, dtype=acc_dt, device=pb.q5.device)
     dbias = torch.zeros_like(pb.bias_t, dtype=acc_dt) if want_bias else None
     dparams = [torch.zeros_like(p) for p in pb.bias_params]
-    for bs, tiles in pb.plan.groups:
+    for bs, tiles in pb.spec.plan.groups:
         for t in tiles:
             qt = pb.qrows(bs, t)                                            # (n, R, D)
             dot = pb.rows(dout5, bs, t)                                     # (n, R, Dv)
@@ -284,13 +332,13 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
                 s, th = pb.logits(qt, bs, t, sp, with_tanh=True)
                 p = _exp2_minus(s, lse)                                     # (n, R, lc) exact probabilities
                 pd = p
-                if pb.dropout_p > 0.0:
-                    keep = pb.keep(bs, t, sp, p.shape).to(p.dtype) / (1.0 - pb.dropout_p)
+                if pb.spec.dropout_p > 0.0:
+                    keep = pb.keep(bs, t, sp, p.shape).to(p.dtype) / (1.0 - pb.spec.dropout_p)
                     pd = p * keep
                 kt, vt = pb.cols(pb.k4, bs, sp), pb.cols(pb.v4, bs, sp)      # (n, lc, D), (n, lc, Dv)
                 dv4[bs, :, sp.c0:sp.c1] += torch.bmm(pd.transpose(1, 2).to(dt), dot).view(-1, Hkv, lc, Dv)
                 dp = torch.bmm(dot, vt.transpose(1, 2)).to(acc_dt)          # (n, R, lc)
-                if pb.dropout_p > 0.0:
+                if pb.spec.dropout_p > 0.0:
                     dp.mul_(keep)
                 ds = p.mul_(dp.sub_(delta))                                 # (n, R, lc) d logits
                 if dbias is not None:
@@ -298,14 +346,12 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
                     rows = slice(t.r0, t.r1) if dbias.shape[2] != 1 else slice(None)
                     cols = slice(sp.c0, sp.c1) if dbias.shape[3] != 1 else slice(None)
                     target = _batch(dbias, bs)[:, :, rows, cols]
-                    target += _reduce_to(g, target.shape)
+                    target += reduce_to(g, target.shape)
                 if dparams:
-                    with torch.enable_grad():
-                        params = [p_.detach().requires_grad_() for p_ in pb.bias_params]
-                        # a per-example bias (B, ...) meets a per-example schedule (bs = one example)
-                        b = _batch(pb.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, tuple(params)), bs)
-                        g = _reduce_to(ds.view(-1, Hkv * G, lr, lc), b.shape).to(b.dtype)
-                        grads = torch.autograd.grad(b, params, g, allow_unused=True)
+                    # a per-example bias (B, ...) meets a per-example schedule (bs = one example)
+                    grads = bias_param_grads(
+                        lambda params: _batch(pb.spec.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params), bs),
+                        pb.bias_params, ds.view(-1, Hkv * G, lr, lc))
                     for acc_g, g_ in zip(dparams, grads):
                         if g_ is not None:
                             acc_g += g_
@@ -317,22 +363,17 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
             dq5[bs, :, :, t.r0:t.r1] = dq.view(-1, Hkv, G, lr, D)
     # ds is the gradient of the natural logits z = s2 * ln 2, with s2 = qscale * q.k; the k gradient
     # was taken against already scaled query tiles.
-    return dq5.mul_(LN2 * pb.qscale), dk4.mul_(LN2), dv4, dbias, dparams
-
-
-def _problem(cfg: dict, q5, k, v, bias_t, params) -> _Problem:
-    return _Problem(q5, k, v, cfg["mask"], bias_t, cfg["bias_s"], tuple(params), cfg["dropout_p"], cfg["seed"],
-                    cfg["plan"], cfg["qscale"], cfg["blocks"], cfg["softcap"])
+    return dq5.mul_(LN2 * pb.spec.qscale), dk4.mul_(LN2), dv4, dbias, dparams
 
 
 class _TiledAttention(torch.autograd.Function):
-    """(q5, k, v, bias_t, cfg, *bias_params) -> (out5, lse2, out5 in fp32 or empty).
+    """(q5, k, v, bias_t, spec, *bias_params) -> (out5, lse2, out5 in fp32 or empty).
 
     setup_context + a vmap rule (``func_rules``): works under torch.func (grad, vmap, jacrev)."""
 
     @staticmethod
-    def forward(q5, k, v, bias_t, cfg, *bias_params):
-        out5, lse2 = _forward(_problem(cfg, q5, k, v, bias_t, bias_params))   # out5 in fp32 (fp64)
+    def forward(q5, k, v, bias_t, spec: TiledSpec, *bias_params):
+        out5, lse2 = _forward(_Problem(spec, q5, k, v, bias_t, bias_params))   # out5 in fp32 (fp64)
         out = out5.to(q5.dtype)
         # the unrounded output, kept for the backward's D_i (an output, as setup_context sees only those)
         acc = out5 if out is not out5 else out5.new_empty(0)
@@ -340,23 +381,24 @@ class _TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q5, k, v, bias_t, cfg, *params = inputs
+        q5, k, v, bias_t, spec, *params = inputs
         out, lse2, acc = output
         ctx.save_for_backward(q5, k, v, bias_t, acc if acc.numel() else out, lse2, *params)
-        ctx.cfg = cfg
+        ctx.spec = spec
         ctx.mark_non_differentiable(lse2, acc)
 
     @staticmethod
     def backward(ctx, dout5, _dlse, _dacc):
         q5, k, v, bias_t, out5, lse2, *params = ctx.saved_tensors
-        cfg = ctx.cfg
+        spec = ctx.spec
         want_bias = bias_t is not None and ctx.needs_input_grad[3]
 
         def run(dout5, q5, k, v, bias_t, out5, lse2, *params):
-            grads = _backward(_problem(cfg, q5, k, v, bias_t, params), out5, lse2, dout5.contiguous(), want_bias)
+            pb = _Problem(spec, q5, k, v, bias_t, tuple(params))
+            grads = _backward(pb, out5, lse2, dout5.contiguous(), want_bias)
             return grads_in_input_dtypes(*grads, q5, k, v, bias_t, params)
 
-        dq5, dk, dv, dbias, *dparams = KernelGrad.apply(run, dout5, q5, k, v, bias_t, out5, lse2, *params)
+        dq5, dk, dv, dbias, *dparams = kernel_grad(run, dout5, q5, k, v, bias_t, out5, lse2, *params)
         return (dq5, dk, dv, none_if_empty(dbias), None, *dparams)
 
     @staticmethod
@@ -369,7 +411,7 @@ def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
     B, Hkv, G, L, S, _, _ = pb.dims
     w = pb.q5.new_zeros(B, Hkv, G, L, S, dtype=lse2.dtype)
     lse2 = _lse_for_recompute(lse2)
-    for bs, tiles in pb.plan.groups:
+    for bs, tiles in pb.spec.plan.groups:
         for t in tiles:
             qt = pb.qrows(bs, t)
             lse = pb.rows(lse2.unsqueeze(-1), bs, t)
@@ -401,24 +443,21 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    dq, dk = default_blocks(q.dtype, mask)
+    dq, dk = tile_sizes(q.dtype, mask)
     block_q, block_k = block_q or dq, block_k or dk
-    fine = min(FINE_K, block_k)
-    plan = make_plan(mask, B, L, S, block_q, block_k, fine)
+    static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
+    plan = make_plan(mask, B, L, S, block_q, block_k, min(FINE_K, block_k), static=static)
     if stats is not None:
         stats.add(plan.stats)
     bias_t = bias if isinstance(bias, Tensor) else None
     bias_s = bias if isinstance(bias, StructuredBias) else None
     params = bias_s.params if bias_s is not None else ()
-    G = H // Hkv
-    q5 = q.reshape(B, Hkv, G, L, D)
-    cfg = dict(mask=mask, bias_s=bias_s, dropout_p=dropout_p, seed=dropout_seed, plan=plan,
-               qscale=scale * LOG2E, blocks={}, softcap=softcap)
-    out5, lse2, _ = _TiledAttention.apply(q5, k, v, bias_t, cfg, *params)
+    spec = TiledSpec(mask=mask, bias_s=bias_s, plan=plan, qscale=scale * LOG2E, softcap=softcap,
+                     dropout_p=dropout_p, seed=dropout_seed, inspect_data=not static)
+    q5 = q.reshape(B, Hkv, H // Hkv, L, D)
+    out5, lse2, _ = _TiledAttention.apply(q5, k, v, bias_t, spec, *params)
     out = out5.reshape(B, H, L, v.shape[3])
     if return_weights:
         with torch.no_grad():
-            pb = _Problem(q5, k, v, mask, bias_t, bias_s, params, dropout_p, dropout_seed, plan,
-                          cfg["qscale"], cfg["blocks"], softcap)
-            return out, _weights(pb, lse2)
+            return out, _weights(_Problem(spec, q5, k, v, bias_t, params), lse2)
     return out

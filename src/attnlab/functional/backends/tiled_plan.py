@@ -4,6 +4,13 @@ The structured mask classifies (query tile x fine key tile) pairs as EMPTY, PART
 Runs of non-empty fine tiles are merged into spans of at most ``block_k`` keys, so a sliding
 window costs one or two matmuls per query tile and an unmasked row of a causal mask none at all.
 Masking work is done only on spans that contain a PARTIAL tile.
+
+The tile sizes live here too (``tile_sizes``, ``FINE_K``, ``skip_grid``): the kernel and
+``auto``'s estimate of how much a mask lets it skip (``api._skippable``) read them from one place.
+
+Under ``torch.compile`` the schedule may not depend on tensor values (a graph cannot branch on
+them), so ``make_plan(..., static=True)`` visits every tile and masks every one of them: exact,
+with no skipping.
 """
 from __future__ import annotations
 
@@ -12,9 +19,31 @@ from typing import Optional
 
 import torch
 
-from ..masks import EMPTY, PARTIAL, Mask
+from ..masks import EMPTY, FULL, PARTIAL, CausalMask, Mask
 
-__all__ = ["Span", "RowTile", "Plan", "TileStats", "make_plan"]
+__all__ = ["Span", "RowTile", "Plan", "TileStats", "make_plan", "tile_sizes", "skip_grid", "FINE_K"]
+
+FINE_K = 64     # granularity (keys) at which the mask is classified; spans are merged runs of these
+
+
+def tile_sizes(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
+    """(block_q, block_k): the tiled kernel's default row tile and key span, measured fastest on the
+    2-core Zen 4 CI machine (docs/benchmarks.md).
+
+    Wide tiles when whole rows are computed (no mask, causal); narrower row tiles for banded and
+    block masks, where a tall tile wastes work at the band's slanted edges. In bf16/fp16 the
+    matmuls are cheap and the fp32 softmax passes dominate: 256 x 256 keeps them in cache.
+    """
+    if mask is None or isinstance(mask, CausalMask):
+        return (256, 512) if dtype in (torch.float32, torch.float64) else (256, 256)
+    return 128, 512
+
+
+def skip_grid(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
+    """(rows, keys) of the tiles the kernel classifies, and so skips, by default: its row tile by
+    ``FINE_K`` keys. ``mask.tile_kinds(L, S, *skip_grid(dtype, mask))`` is what the kernel sees."""
+    block_q, block_k = tile_sizes(dtype, mask)
+    return block_q, min(FINE_K, block_k)
 
 
 @dataclass(frozen=True)
@@ -51,12 +80,13 @@ class Plan:
     stats: TileStats = field(default_factory=TileStats)
 
 
-def _row_tiles(kinds: torch.Tensor, L: int, S: int, block_q: int, block_k: int, fine_k: int,
+def _row_tiles(kinds, L: int, S: int, block_q: int, block_k: int, fine_k: int,
                stats: TileStats, examples: int) -> list[RowTile]:
-    """Row tiles from one (nq, nk_fine) kinds table shared by ``examples`` batch entries."""
+    """Row tiles from one (nq, nk_fine) kinds table (a tensor or nested lists) shared by ``examples``
+    batch entries."""
     per_span = block_k // fine_k
     rows = []
-    for t, row in enumerate(kinds.tolist()):
+    for t, row in enumerate(kinds.tolist() if isinstance(kinds, torch.Tensor) else kinds):
         r0, r1 = t * block_q, min(L, (t + 1) * block_q)
         spans, start, masked = [], None, []
         for f, kind in enumerate(row + [EMPTY]):           # sentinel closes the last run
@@ -82,16 +112,24 @@ def _row_tiles(kinds: torch.Tensor, L: int, S: int, block_q: int, block_k: int, 
 
 
 def make_plan(mask: Optional[Mask], B: int, L: int, S: int, block_q: int, block_k: int,
-              fine_k: int) -> Plan:
-    """Schedule for a (B, ., L, S) problem: per batch group, row tiles with their key spans."""
+              fine_k: int, static: bool = False) -> Plan:
+    """Schedule for a (B, ., L, S) problem: per batch group, row tiles with their key spans.
+
+    ``static``: plan from the shapes alone (every tile of a mask PARTIAL, one group for the whole
+    batch), never reading the mask's tensors -- what a torch.compile graph needs.
+    """
     if block_k % fine_k:
         raise ValueError(f"block_k={block_k} must be a multiple of fine_k={fine_k}")
     stats = TileStats()
+    nq, nk = -(-L // block_q), -(-S // fine_k)
     if mask is None:
-        nq, nk = -(-L // block_q), -(-S // fine_k)
-        kinds = torch.full((1, nq, nk), 2, dtype=torch.int8)
+        kinds = [[FULL] * nk] * nq
+    elif static:
+        kinds = [[PARTIAL] * nk] * nq
     else:
         kinds = mask.tile_kinds(L, S, block_q, fine_k)      # (Bm, nq, nk)
+    if isinstance(kinds, list):
+        return Plan([(slice(0, B), _row_tiles(kinds, L, S, block_q, block_k, fine_k, stats, B))], stats)
     if kinds.shape[0] > 1 and bool((kinds == kinds[:1]).all()):
         kinds = kinds[:1]                                   # same schedule for every example: batch them
     if kinds.shape[0] == 1:
