@@ -56,7 +56,7 @@ class Mask:
 
     def tile_kinds(self, L: int, S: int, tile_q: int, tile_k: int) -> Tensor:
         """(Bm, nq, nk) int8 kinds (``tiles.EMPTY/PARTIAL/FULL``) of the tiles of ``tile_q`` rows
-        by ``tile_k`` keys (Bm 1 or B). Must be exact for EMPTY and FULL; PARTIAL is always safe."""
+        by ``tile_k`` keys (Bm 1 or B). A tile called EMPTY or FULL must be so; PARTIAL is always safe."""
         raise NotImplementedError(f"{type(self).__name__} must define tile_kinds(L, S, tile_q, tile_k)")
 
     def dense(self, L: int, S: int) -> Tensor:
