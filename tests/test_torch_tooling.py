@@ -14,6 +14,10 @@ import pytest
 import torch
 
 from attnlab.functional import FunctionBias, attention, masks
+from attnlab.functional.backends import sparse
+from attnlab.functional.backends.reference import reference_attention
+from attnlab.functional.backends.sparse import SparseStats
+from attnlab.functional.backends.tiled import TileStats, tiled_attention
 
 EXACT = ["reference", "sdpa", "tiled", "sparse", "native"]
 FULLGRAPH = set(EXACT)
@@ -92,14 +96,7 @@ def test_func_grad_vmap_jacrev(backend):
         assert torch.allclose(a, b, atol=1e-10)
 
 
-# Cases that still break the graph, outside tiled/sparse: native reads a document mask's row spans, and
-# DocumentMask.row_spans checks that each document is contiguous by reading the ids (data-dependent).
-NOT_YET = {("native", "documents"): "DocumentMask.row_spans reads the ids to check contiguity"}
-FULLGRAPH_CASES = [pytest.param(b, m, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[b, m]))
-                   if (b, m) in NOT_YET else (b, m) for b in EXACT for m in MASKS]
-
-
-@pytest.mark.parametrize("backend,mask", FULLGRAPH_CASES)
+@pytest.mark.parametrize("backend,mask", [(b, m) for b in EXACT for m in MASKS])
 def test_fullgraph_every_mask(backend, mask):
     """One graph (no graph break, no data-dependent guard) for every mask family, with a bias tensor."""
     torch._dynamo.reset()
@@ -124,6 +121,61 @@ def test_fullgraph_structured_bias(backend):
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
     for name, a, b in zip(["out", "dq", "dk", "dv", "dslopes"], run_and_grads(compiled, q, k, v, slopes),
                           run_and_grads(fn, q, k, v, slopes)):
+        assert torch.allclose(a, b, atol=1e-5), f"{name}: {(a - b).abs().max().item():.2e}"
+
+
+def _kernel(backend):
+    return {"tiled": tiled_attention, "sparse": sparse.sparse_attention}[backend]
+
+
+BIG_MASKS = {   # L = 37, S = 45: several row tiles and key spans at 8 x 8 tiles
+    "causal": masks.causal,
+    "window": lambda: masks.window(5, 3),
+    "causal&padding": lambda: masks.causal() & masks.padding(torch.tensor([45, 20])),
+    "documents": lambda: masks.documents(torch.arange(45).repeat(2, 1) // torch.tensor([[11], [30]])),
+    "padded_left": lambda: masks.padded(torch.tensor([37, 9]), torch.tensor([45, 17]), side="left", causal=True),
+    "dense": lambda: masks.dense(rand(2, 1, 37, 45, seed=9) > 0.8),
+}
+
+
+@pytest.mark.parametrize("mask", BIG_MASKS)
+@pytest.mark.parametrize("backend", ["tiled", "sparse"])
+def test_compile_time_schedule_is_exact_on_many_tiles(backend, mask, monkeypatch):
+    """The shapes-only schedule that tiled and sparse take while compiling, run eagerly (is_compiling
+    patched) on a problem of many tiles and chunks: equal to the reference, forward and backward,
+    with a bias tensor, including rows that see no key at all."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(sparse, "CHUNK_SCORES", 2 * 2 * 8 * 48 * 2)   # two query blocks per chunk
+    q, k, v, bias = inputs(L=37, S=45, D=4, Dv=3)
+    m = BIG_MASKS[mask]()
+    stats = {"tiled": TileStats, "sparse": SparseStats}[backend]()
+    fn = lambda q, k, v, b: _kernel(backend)(q, k, v, mask=m, bias=b, scale=0.5, block_q=8, block_k=8, stats=stats)
+    ref = lambda q, k, v, b: reference_attention(q, k, v, mask=m, bias=b, scale=0.5)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], run_and_grads(fn, q, k, v, bias),
+                          run_and_grads(ref, q, k, v, bias)):
+        assert torch.allclose(a, b, atol=1e-10), f"{name}: {(a - b).abs().max().item():.2e}"
+    if backend == "tiled":     # the shapes-only schedule: every tile visited and masked
+        assert stats.tiles_skipped == 0 and stats.tiles_masked == stats.tiles_total > 0
+    else:
+        assert stats.blocks_computed == stats.blocks_masked == stats.blocks_total > 0
+
+
+@pytest.mark.parametrize("bias_kind", ["tensor", pytest.param("function", marks=pytest.mark.slow)])  # ~25 s
+@pytest.mark.parametrize("backend", ["tiled", "sparse"])
+def test_fullgraph_on_many_tiles(backend, bias_kind):
+    """Compiled as one graph with 16 x 16 tiles (3 row tiles of 3 spans each), with a bias tensor or
+    a structured bias whose parameters get gradients."""
+    torch._dynamo.reset()
+    q, k, v, bias = inputs(torch.float32, L=37, S=45, D=4, Dv=3)
+    if bias_kind == "function":
+        bias = rand(2, 2, seed=5, dtype=torch.float32).abs().requires_grad_()     # ALiBi-like slopes
+    as_bias = (lambda b: b) if bias_kind == "tensor" else (
+        lambda s: FunctionBias(lambda i, j, s: -s[:, :, None, None] * (i - j).abs(), s))
+    m = masks.causal() & masks.padding(torch.tensor([45, 20]))
+    fn = lambda q, k, v, b: _kernel(backend)(q, k, v, mask=m, scale=0.5, block_q=16, block_k=16, bias=as_bias(b))
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], run_and_grads(compiled, q, k, v, bias),
+                          run_and_grads(fn, q, k, v, bias)):
         assert torch.allclose(a, b, atol=1e-5), f"{name}: {(a - b).abs().max().item():.2e}"
 
 
@@ -168,6 +220,6 @@ def test_inductor_compile_sweep(backend, mask):
          "padded_left": masks.padded(torch.tensor([5, 2]), torch.tensor([7, 3]), side="left", causal=True)}[mask]
     q, k, v, bias = inputs(torch.float32)
     fn = lambda q, k, v, b: attention(q, k, v, mask=m, bias=b, backend=backend)
-    compiled = torch.compile(fn, fullgraph=backend in FULLGRAPH and (backend, mask) not in NOT_YET)
+    compiled = torch.compile(fn, fullgraph=backend in FULLGRAPH)
     for a, b in zip(run_and_grads(compiled, q, k, v, bias), run_and_grads(fn, q, k, v, bias)):
         assert torch.allclose(a, b, atol=1e-5)

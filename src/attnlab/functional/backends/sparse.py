@@ -104,7 +104,8 @@ class _Problem:
         # Scaled once here (O(L * D)) rather than on every score entry; times log2(e) so that the
         # scores are in base 2 and the kernel can use exp2 (~3x faster than exp on CPU, as in tiled).
         qs = (q.to(acc) * (scale * LOG2E)).to(q.dtype)
-        self.qb = pad(qs, (0, 0, 0, nq * bq - L)).reshape(B, Hkv, G, nq, bq, D).transpose(2, 3)  # (B, Hkv, nq, G, bq, D)
+        qs = pad(qs, (0, 0, 0, nq * bq - L))                                    # (B, H, nq * bq, D)
+        self.qb = qs.reshape(B, Hkv, G, nq, bq, D).transpose(2, 3)                # (B, Hkv, nq, G, bq, D)
         self.kb = pad(k, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, D)      # (B, Hkv, nk, bk, D)
         self.vb = pad(v, (0, 0, 0, nk * bk - S)).reshape(B, Hkv, nk, bk, -1)     # (B, Hkv, nk, bk, Dv)
         self.bias_t, self.bias_s, self.params = bias_t, bias_s, params

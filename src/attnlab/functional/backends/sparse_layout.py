@@ -144,7 +144,8 @@ def _static_chunks(mask: Optional[Mask], L: int, S: int, bq: int, bk: int, B: in
                 t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).cpu().expand(-1, -1, r1 - r0, S)
                 t = torch.nn.functional.pad(t, (0, nk * bk - S, 0, bq - (r1 - r0)), value=False)
                 rows.append(t.unflatten(-1, (nk, bk)).permute(3, 0, 1, 2, 4))   # (nk, Bm, Hm, bq, bk)
-            blocks = torch.cat(rows)                                 # (C * nk, Bm, Hm, bq, bk)
+            shape = torch.broadcast_shapes(*(r.shape[1:] for r in rows))
+            blocks = torch.cat([r.expand(nk, *shape) for r in rows])    # (C * nk, Bm, Hm, bq, bk)
         chunks.append(Chunk(qsel, idx, torch.full((C, nk), kind, dtype=torch.int8),
                             every if mask is not None else every[:0], blocks, every,
                             mask is None and nk * bk == S))
