@@ -433,7 +433,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
         mask, bias, scale, dropout_p, dropout_seed, return_weights, softcap: as for the reference backend.
-        block_q, block_k: tile sizes (defaults tuned for CPU); block_k a multiple of 64.
+        block_q, block_k: tile sizes (defaults: ``tiled_plan.tile_sizes``, tuned for CPU); block_k a multiple of 64.
         stats: if given, filled with the tiles computed, masked and skipped.
     Returns:
         out (B, H, L, Dv); with return_weights also (B, H, L, S) weights, recomputed from the LSE.
