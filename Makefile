@@ -31,7 +31,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/attnlab demo
 
+# Lint first (about a second; the rules are in pyproject.toml [tool.ruff]), then the fast tests.
 test: $(STAMP)
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -n 2 -m "not slow"
 
 bench: $(STAMP)

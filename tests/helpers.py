@@ -18,9 +18,9 @@ MASK_KINDS = ["none", "causal", "padding", "window", "documents", "dense", "full
 # (several row tiles, several spans, empty/partial/full tiles) is exercised on small shapes.
 CANDIDATES = {
     "sdpa": sdpa_attention,
-    "tiled": partial(tiled_attention, block_q=8, block_k=16),
+    "tiled": partial(tiled_attention, tile_q=8, tile_k=16),
     # the compiled kernel, with tiles small enough that every row kind and chunk boundary occurs
-    "native": partial(native_attention, block_q=8, block_k=16),
+    "native": partial(native_attention, tile_q=8, tile_k=16),
 }
 
 # Absolute error floor per dtype, for cases where the same-dtype reference happens to be exact.
@@ -119,7 +119,8 @@ def errors(fn, q, k, v, bias, mask, scale=None, seed=0):
     for name, g64, r, c in zip(names, gold, ref, cand):
         if g64 is None:
             continue
-        assert c.dtype == r.dtype and c.shape == r.shape, f"{name}: {c.dtype}{tuple(c.shape)} vs {r.dtype}{tuple(r.shape)}"
+        assert c.dtype == r.dtype and c.shape == r.shape, \
+            f"{name}: {c.dtype}{tuple(c.shape)} vs {r.dtype}{tuple(r.shape)}"
         assert torch.isfinite(c).all(), f"{name} has non-finite values"
         result[name] = ((c.double() - g64).abs().max().item(), (r.double() - g64).abs().max().item())
     return result

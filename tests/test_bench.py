@@ -92,6 +92,35 @@ def test_tiny_bench_through_cli(tmp_path):
             assert math.isfinite(r[key]) and r[key] > 0, f"{r['contestant']} {r['case']}: {key}={r.get(key)}"
         if r["contestant"] != "torch-sdpa":
             assert r["max_abs_diff_vs_torch_sdpa"] < 1e-3, r
+        if r["contestant"] == "auto":          # judged against reference, sdpa and tiled of its case
+            assert r["best_exact"] in ("reference", "sdpa", "tiled") and r["auto_vs_best"] > 0
+
+
+def _rows(auto_ms, **exact_ms):
+    rows = [dict(contestant="torch-sdpa", peer=True, status="ok", median_ms=1.0, notes=[]),
+            dict(contestant="auto", peer=False, status="ok", median_ms=auto_ms, notes=["auto -> sdpa"],
+                 case=dict(mask="causal", n=1024, dtype="float32", mode="fwd"))]
+    return rows + [dict(contestant=n, peer=False, status="ok", median_ms=t, notes=[]) for n, t in exact_ms.items()]
+
+
+@pytest.mark.parametrize("auto_ms, within", [(10.0, True), (10.5, True), (10.6, False), (20.0, False)])
+def test_auto_verdict_fails_a_slow_pick(auto_ms, within):
+    from attnlab.bench.kernels import _add_auto_verdict
+    from attnlab.bench.report import format_auto
+    rows = _rows(auto_ms, sdpa=10.0, tiled=12.0, linear=1.0)      # linear is approximate: never the yardstick
+    _add_auto_verdict(rows)
+    auto = rows[1]
+    assert auto["best_exact"] == "sdpa" and auto["auto_within"] is within
+    assert auto["auto_vs_best"] == pytest.approx(10.0 / auto_ms)
+    text = "\n".join(format_auto({"results": rows}))
+    assert f"within 5% on {int(within)} of 1 cases" in text and ("yes" if within else "NO") in text
+
+
+def test_auto_gets_no_verdict_without_two_exact_backends():
+    from attnlab.bench.kernels import _add_auto_verdict
+    rows = _rows(10.0, sdpa=10.0)
+    _add_auto_verdict(rows)
+    assert "auto_within" not in rows[1]
 
 
 def test_memory_subprocess_reports_a_positive_peak():

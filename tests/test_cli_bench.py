@@ -49,7 +49,7 @@ def test_each_flag_runs_its_own_benchmark(argv, expected, calls, tmp_path, capsy
 
 def test_the_published_switches_are_all_in_the_table():
     # the commands in README.md and docs/benchmarks.md
-    assert set(SWITCHES.values()) == {"--minilm", "--lm", "--hf", "--complexity", "--favor-accuracy",
+    assert set(SWITCHES.values()) == {"--minilm", "--lm", "--hf", "--ring", "--complexity", "--favor-accuracy",
                                       "--memory-scaling"}
     assert BENCHMARKS["gpu"].flag == "--device cuda"
 

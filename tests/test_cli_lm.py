@@ -13,7 +13,7 @@ from attnlab.cli import main
 from attnlab.cli.generate import stream_with_stops
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i % 7} + {i % 5}\n\n" for i in range(80))
-TRAIN = ["--preset", "nano", "--block-size", "16", "--batch-size", "4", "--eval-iters", "2", "--eval-interval", "2",
+TRAIN = ["--preset", "nano", "--max-len", "16", "--batch-size", "4", "--eval-iters", "2", "--eval-interval", "2",
          "--no-progress"]
 
 

@@ -102,18 +102,18 @@ def test_split_is_deterministic_and_contiguous():
 
 def test_batch_sampler_windows_seed_and_state():
     ids = torch.arange(500) * 3                                         # distinct values: windows identifiable
-    a = BatchSampler(ids, block_size=17, batch_size=5, seed=4)
+    a = BatchSampler(ids, seq_len=17, batch_size=5, seed=4)
     x, y = a.next()
     assert x.shape == y.shape == (5, 17) and x.dtype == y.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, -1] + 3)
-    b = BatchSampler(ids, block_size=17, batch_size=5, seed=4)
+    b = BatchSampler(ids, seq_len=17, batch_size=5, seed=4)
     assert torch.equal(b.next()[0], x)
     state = a.state()
     nxt = a.next()[0]
     a.set_state(state)
     assert torch.equal(a.next()[0], nxt) and not torch.equal(nxt, x)
     with pytest.raises(ValueError, match="cannot fill one window"):
-        BatchSampler(ids[:10], block_size=17, batch_size=2)
+        BatchSampler(ids[:10], seq_len=17, batch_size=2)
 
 
 def test_prepare_lm_data_records_the_corpus_and_checks_it(tmp_path):

@@ -23,13 +23,13 @@ from attnlab.train.distributed import DistContext, DistributedError, init_distri
 
 TEXT = "".join(f"line {i}: the cat sat on mat number {i * 7 % 13}.\n" for i in range(120))
 # The same run as `attnlab train gpt` with these flags (tiny nano GPT, dropout 0: masks would differ per rank).
-FLAGS = ["--preset", "nano", "--block-size", "16", "--batch-size", "4", "--grad-accum", "2", "--steps", "4",
+FLAGS = ["--preset", "nano", "--max-len", "16", "--batch-size", "4", "--grad-accum", "2", "--steps", "4",
          "--warmup", "2", "--eval-iters", "2", "--eval-interval", "2", "--checkpoint-interval", "2", "--dropout", "0"]
 LIMIT_S = 60                                                      # no test waits longer for its processes
 
 
 def configs(vocab_size: int, out) -> tuple[GPTConfig, TrainConfig]:
-    mcfg = GPTConfig.preset("nano", vocab_size=vocab_size, block_size=16, dropout=0.0)
+    mcfg = GPTConfig.preset("nano", vocab_size=vocab_size, max_len=16, dropout=0.0)
     cfg = TrainConfig.for_preset("nano", steps=4, batch_size=4, grad_accum=2, warmup_steps=2, eval_iters=2,
                                  eval_interval=2, checkpoint_interval=2, out_dir=str(out))
     return mcfg, cfg

@@ -136,7 +136,8 @@ def test_tokenizer_truncates_to_256_with_special_tokens(minilm):
 
 @needs_peers
 def test_checkpoint_names_and_ignored_tensors():
-    assert checkpoint_to_encoder_name("encoder.layer.5.attention.self.value.bias") == "stack.layers.5.self_attn.v_proj.bias"
+    assert checkpoint_to_encoder_name("encoder.layer.5.attention.self.value.bias") == \
+        "stack.layers.5.self_attn.v_proj.bias"
     assert checkpoint_to_encoder_name("bert.embeddings.LayerNorm.gamma") == "embed_norm.weight"
     assert checkpoint_to_encoder_name("pooler.dense.weight") is None
     assert checkpoint_to_encoder_name("embeddings.position_ids") is None

@@ -191,7 +191,7 @@ def test_splits_are_disjoint_contact_maps():
     maps = torch.stack([draw_contacts(cfg, g) for _ in range(1500)])
     share = contact_split(cfg, maps).count("eval") / len(maps)
     assert 0.05 < share < 0.15, f"eval share {share:.3f} vs eval_fraction {cfg.eval_fraction}"
-    key = lambda m: tuple(torch.triu(m, 1).flatten().tolist())                 # noqa: E731
+    key = lambda m: tuple(torch.triu(m, 1).flatten().tolist())
     train = {key(m) for m in draw_pairs(cfg, torch.Generator().manual_seed(7), 600, "train")[1]}
     held = {key(m) for m in draw_pairs(cfg, torch.Generator().manual_seed(8), 150, "eval")[1]}
     all_maps = {key(m) for m in maps}

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnlab.models.evoformer import ABLATIONS, Evoformer, EvoformerBlock, EvoformerConfig, OuterProductMean
+from attnlab.models.evoformer import ABLATIONS, Evoformer, EvoformerConfig, OuterProductMean
 from attnlab.nn.axial import AxialAttention, AxialAttentionConfig
 from attnlab.tasks.evoformer import SPEC
 

@@ -40,11 +40,12 @@ L = 384
 
 
 class StubGPT:
-    """Head 0 does what the claims look for (bracket match; use -> the name's previous occurrence); head 1 is uniform."""
+    """Head 0 does what the claims look for (bracket match; use -> the name's previous occurrence);
+    head 1 is uniform."""
 
     def __init__(self, tok):
         self.tok, self.blocks = tok, [None]
-        self.cfg = SimpleNamespace(n_head=2, backend="reference", block_size=L)
+        self.cfg = SimpleNamespace(n_heads=2, backend="reference", max_len=L)
 
     def eval(self):
         return self
@@ -82,7 +83,7 @@ class StubGPT:
 @pytest.fixture(scope="module")
 def stats():
     tok = CharTokenizer.train(CODE)
-    return attention_stats(StubGPT(tok), tok, [("a.py", CODE)], block_size=L)
+    return attention_stats(StubGPT(tok), tok, [("a.py", CODE)], seq_len=L)
 
 
 def test_bracket_head_found_and_passes(stats):

@@ -8,8 +8,8 @@ import torch
 
 from attnlab.data.tokenization import CharTokenizer
 from attnlab.lab import inspect
-from attnlab.lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
-                                 backend_choices, list_models, load_model, register_model)
+from attnlab.lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy,
+                                 attention_maps, backend_choices, list_models, load_model, register_model)
 from attnlab.models import GPT, GPTConfig
 
 TOY = "toy-encoder"
@@ -146,7 +146,7 @@ def test_registered_gpt_is_causal_and_positions_switch_off():
 def _tiny_gpt_checkpoint(path):
     from attnlab.train.checkpoint import save_checkpoint
     tok = CharTokenizer.train("hello world")
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=3, n_head=2, d_model=16)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, max_len=16, n_layers=3, n_heads=2, d_model=16)
     torch.manual_seed(0)
     save_checkpoint(path, 1, GPT(cfg), tokenizer_json=tok.to_json(), model_config=cfg.to_dict(), train_config={})
 
@@ -154,7 +154,7 @@ def _tiny_gpt_checkpoint(path):
 def test_gpt_demo_appears_when_the_demo_checkpoint_exists(tmp_path, monkeypatch):
     monkeypatch.setattr(inspect, "DEMO_GPT", tmp_path / "runs/demo/gpt")
     monkeypatch.setattr(inspect, "_LOADED", {})
-    demo = lambda: [e for e in list_models() if e["name"] == "gpt-demo"][0]     # noqa: E731
+    demo = lambda: [e for e in list_models() if e["name"] == "gpt-demo"][0]
     assert not demo()["available"]
     with pytest.raises(UnknownModelError, match="not available here"):
         attention_maps("gpt-demo", "hello")

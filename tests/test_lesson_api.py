@@ -133,7 +133,7 @@ def test_a_bad_pyodide_dir_is_refused_with_the_reason(tmp_path, problem):
     if problem == "missing":
         folder, why = fake_pyodide(tmp_path / "p", skip=("pyodide.asm.wasm",)), "lacks pyodide.asm.wasm"
     else:
-        folder, why = fake_pyodide(tmp_path / "p", version="0.26.4"), f"holds pyodide 0.26.4, the lesson is pinned to"
+        folder, why = fake_pyodide(tmp_path / "p", version="0.26.4"), "holds pyodide 0.26.4, the lesson is pinned to"
     files = find_pyodide(env={PYODIDE_ENV: str(folder)})
     assert files.dir is None and why in files.problem and PYODIDE_ENV in files.problem
 

@@ -17,7 +17,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 @pytest.mark.parametrize("kw", [{}, {"qkv": "separate"}, {"attend": "attnlab"}])
 def test_nanogpt_equivalent_is_the_same_model(kw):
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig.preset("nano", vocab_size=37, block_size=40, n_layer=3))
+    gpt = GPT(GPTConfig.preset("nano", vocab_size=37, max_len=40, n_layers=3))
     ref = copy_from_attnlab(NanoGPT.like(gpt.cfg, **kw), gpt)
     assert ref.num_params() == gpt.num_params()
     idx = torch.randint(0, 37, (2, 23))                          # odd length, shorter than the block
@@ -41,7 +41,7 @@ def test_config_errors_name_the_values():
         LMBenchConfig(prompt=16, gen_to=[16, 64])
     with pytest.raises(ValueError, match="'batch': 0"):
         LMBenchConfig(batch=0)
-    assert LMBenchConfig(preset="nano", seq_len=300, gen_to=[512]).gpt_config().block_size == 512
+    assert LMBenchConfig(preset="nano", seq_len=300, gen_to=[512]).gpt_config().max_len == 512
 
 
 @pytest.fixture

@@ -237,3 +237,17 @@ def test_sequence_masks_check_their_extent():
         masks.varlen(torch.tensor([0, 3, 9])).check(1, 1, 8, 8)
     with pytest.raises(ValueError, match="need 5 queries"):
         masks.padded(torch.tensor([5, 2]), side="left").check(2, 1, 4, 4)
+
+
+def test_kernels_still_take_block_q_and_block_k_with_a_warning():
+    from attnlab.functional.backends.native import native_attention
+    from attnlab.functional.backends.sparse import sparse_attention
+    from attnlab.functional.backends.tiled import tiled_attention
+    q = torch.randn(1, 2, 12, 4)
+    for kernel in (tiled_attention, sparse_attention, native_attention):
+        want = kernel(q, q, q, mask=masks.causal(), scale=0.5, tile_q=4, tile_k=64)
+        with pytest.warns(FutureWarning, match="block_q=.*deprecated.*tile_q"):
+            got = kernel(q, q, q, mask=masks.causal(), scale=0.5, block_q=4, tile_k=64)
+        assert torch.equal(got, want)
+        with pytest.raises(TypeError, match="block_k= and tile_k="):
+            kernel(q, q, q, scale=0.5, block_k=64, tile_k=64)

@@ -19,7 +19,7 @@ def test_make_batch_pads_after_sep():
 
 
 def test_encoder_flops_counts_matmuls_and_attention():
-    model = Encoder(EncoderConfig(vocab_size=10, d_model=4, n_layer=1, n_head=2, d_ff=8, max_position=8))
+    model = Encoder(EncoderConfig(vocab_size=10, d_model=4, n_layers=1, n_heads=2, d_ff=8, max_len=8))
     # per token: 4 projections of 4x4 (64 MACs) + MLP 4x8 and 8x4 (64 MACs) = 128 MACs = 256 FLOPs;
     # attention: QK^T and PV, 2 x 3 x 3 x 4 MACs per sequence = 72 MACs = 144 FLOPs
     assert encoder_flops(model, batch=2, seq_len=3) == 2 * 3 * 256 + 2 * 144

@@ -13,7 +13,7 @@ from attnlab.functional.backends.native import mask_args, native_attention, nati
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.positional import ALiBi, ShawRelative, T5Bias
 
-small = partial(native_attention, block_q=4, block_k=8)     # tiny tiles: every row kind and chunk edge
+small = partial(native_attention, tile_q=4, tile_k=8)     # tiny tiles: every row kind and chunk edge
 
 
 def leaves(*shapes, dtype=torch.float64, seed=0):
@@ -67,7 +67,8 @@ def test_pack_bits_round_trip_across_word_edges():
 
 
 @pytest.mark.parametrize("mask", [None, masks.causal(), masks.window(2, 1) & masks.padding([9, 4]),
-                                  masks.dense(torch.rand(1, 4, 9, 11, generator=torch.Generator().manual_seed(5)) > 0.3)],
+                                  masks.dense(torch.rand(1, 4, 9, 11,
+                                                         generator=torch.Generator().manual_seed(5)) > 0.3)],
                          ids=["none", "causal", "window&padding", "dense"])
 def test_gradcheck_with_a_tensor_bias(mask):
     q, k, v, bias = leaves((2, 4, 9, 5), (2, 2, 11, 5), (2, 2, 11, 3), (1, 4, 9, 11))
@@ -132,7 +133,7 @@ def test_nan_in_keys_the_mask_rules_out_never_reaches_the_output():
     q, k, v = (t.detach() for t in leaves((1, 2, 64, 8), (1, 2, 64, 8), (1, 2, 64, 8), dtype=torch.float32))
     k[:, :, :20], v[:, :, :20] = float("nan"), float("nan")    # query tiles from row 32 never see keys < 24
     mask = masks.window(8, 0)
-    out = native_attention(q, k, v, mask=mask, scale=0.3, block_q=8, block_k=16)
+    out = native_attention(q, k, v, mask=mask, scale=0.3, tile_q=8, tile_k=16)
     ref = reference_attention(q[:, :, 32:], k[:, :, 24:], v[:, :, 24:], mask=mask, scale=0.3)
     assert torch.isfinite(out[:, :, 32:]).all()
     torch.testing.assert_close(out[:, :, 32:], ref)
@@ -167,7 +168,7 @@ def test_strided_views_run_without_a_copy_and_agree():
     """(B, L, H, D) storage viewed as (B, H, L, D): only the last dim needs stride 1."""
     x = torch.randn(2, 33, 4, 16)
     q = x.transpose(1, 2)                                                      # non-contiguous view
-    out = native_attention(q, q, q, mask=masks.causal(), scale=0.25, block_q=8, block_k=16)
+    out = native_attention(q, q, q, mask=masks.causal(), scale=0.25, tile_q=8, tile_k=16)
     torch.testing.assert_close(out, reference_attention(q, q, q, mask=masks.causal(), scale=0.25))
 
 
@@ -191,6 +192,24 @@ def test_compiles_as_one_graph_and_works_under_torch_func():
     torch.testing.assert_close(g, torch.autograd.grad(fn(q, k, v).sum(), q)[0])
     batched = torch.func.vmap(lambda q: fn(q, k, v))(q.detach().expand(3, *q.shape).clone())
     torch.testing.assert_close(batched[1], fn(q, k, v))
+
+
+def test_compiles_with_a_relative_bias_and_a_document_mask():
+    """A table bias whose slopes get gradients, and a document mask (whose spans read the ids, so under
+    compile it goes the bit-packed way): one graph, the same output and gradients as eager."""
+    from attnlab.positional.alibi import AlibiBias
+    q, k, v = leaves((2, 2, 9, 8), (2, 2, 9, 8), (2, 2, 9, 8))
+    slopes = torch.rand(2, dtype=torch.float64).requires_grad_()
+    for mask in (masks.causal() & masks.padding(torch.tensor([9, 5])),
+                 masks.documents(torch.tensor([0] * 4 + [1] * 5))):
+        fn = lambda q, k, v, s: al.attention(q, k, v, mask=mask, bias=AlibiBias(s), backend="native")
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        got, want = compiled(q, k, v, slopes), fn(q, k, v, slopes)
+        torch.testing.assert_close(got, want)
+        for a, b in zip(torch.autograd.grad(got.square().sum(), (q, k, v, slopes)),
+                        torch.autograd.grad(want.square().sum(), (q, k, v, slopes))):
+            torch.testing.assert_close(a, b)
+    torch._dynamo.reset()
 
 
 def test_jacrev_and_batched_gradcheck():

@@ -149,7 +149,8 @@ def test_masks_that_do_not_fit_the_problem(mask, L, err):
 
 TILED_CASES = {
     "strided": masks.strided(5), "fixed": masks.fixed(6, 2), "dilated": masks.dilated_window(4, 4, 3),
-    "global": masks.global_window(4, [0, 9]), "bigbird": masks.bigbird(6, 1), "bigbird&causal": masks.bigbird(4, 2) & masks.causal(),
+    "global": masks.global_window(4, [0, 9]), "bigbird": masks.bigbird(6, 1),
+    "bigbird&causal": masks.bigbird(4, 2) & masks.causal(),
 }
 
 
@@ -159,9 +160,9 @@ def test_tiled_equals_reference_and_skips(name, H, Hkv, L, S):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, n, 16, generator=g) for h, n in ((H, L), (Hkv, S), (Hkv, S)))
     mask = TILED_CASES[name]
-    for part, (cand, ref) in errors(partial(tiled_attention, block_q=8, block_k=16), q, k, v, None, mask).items():
+    for part, (cand, ref) in errors(partial(tiled_attention, tile_q=8, tile_k=16), q, k, v, None, mask).items():
         assert cand <= 3 * ref + 1e-6, f"{name} {part}: {cand:.2e} vs reference {ref:.2e}"
     stats = TileStats()
-    tiled_attention(q, k, v, mask=mask, scale=0.25, block_q=8, block_k=16, stats=stats)
+    tiled_attention(q, k, v, mask=mask, scale=0.25, tile_q=8, tile_k=16, stats=stats)
     kinds = mask.tile_kinds(L, S, 8, 16)
     assert stats.tiles_skipped == int((kinds == EMPTY).sum()) * (2 if kinds.shape[0] == 2 else 1)

@@ -180,7 +180,7 @@ def test_structured_bias_tiled_matches_reference_without_dense(name, L, S, mask,
     g_ref = torch.autograd.grad(ref.square().sum(), [q, k, v, *params])
     monkeypatch.setattr(StructuredBias, "dense", lambda *a: pytest.fail("the tiled backend materialized the bias"))
     bias = BIASES[name](q, L, S)
-    out = tiled_attention(q, k, v, mask=m, bias=bias, scale=0.25, block_q=8, block_k=16)
+    out = tiled_attention(q, k, v, mask=m, bias=bias, scale=0.25, tile_q=8, tile_k=16)
     g_out = torch.autograd.grad(out.square().sum(), [q, k, v, *[p for p in bias.params if p.requires_grad]])
     assert (out - ref).abs().max() < 1e-12
     for a, b in zip(g_out, g_ref):

@@ -66,7 +66,8 @@ def test_outputs_and_grads_finite_and_weights_normalized(problem, backend):
     allowed = mask.dense(L, S).expand(B, H, L, S) if mask is not None else torch.ones(B, H, L, S, dtype=torch.bool)
     empty = ~allowed.any(-1)
     tol = rounding_tolerance(q, k, bias, scale)
-    assert torch.allclose(sums[~empty], torch.ones_like(sums[~empty]), atol=tol), f"max dev {(sums[~empty] - 1).abs().max():.2e} > {tol:.2e}"
+    assert torch.allclose(sums[~empty], torch.ones_like(sums[~empty]), atol=tol), \
+        f"max dev {(sums[~empty] - 1).abs().max():.2e} > {tol:.2e}"
     assert (sums[empty] == 0).all() and (out[empty] == 0).all()
     assert (w[~allowed] == 0).all()
     out.square().sum().backward()
@@ -79,7 +80,7 @@ def test_outputs_and_grads_finite_and_weights_normalized(problem, backend):
 def test_tiled_tile_sizes_do_not_change_the_result(problem):
     q, k, v, mask, bias, scale, _ = problem
     scale = scale or q.shape[-1] ** -0.5
-    a = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, block_q=4, block_k=8)
-    b = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, block_q=16, block_k=64)
+    a = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, tile_q=4, tile_k=8)
+    b = tiled_attention(q, k, v, mask=mask, bias=bias, scale=scale, tile_q=16, tile_k=64)
     tol = rounding_tolerance(q, k, bias, scale)
     torch.testing.assert_close(a, b, atol=tol, rtol=1e-5)

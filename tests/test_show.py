@@ -103,16 +103,16 @@ def test_head_grid_default_is_square_ish():
 
 
 def test_layer_head_grid_small_multiples():
-    n_layer, H = 3, 4
-    w = _softmax_rows(n_layer, H, 6, 6)
+    n_layers, H = 3, 4
+    w = _softmax_rows(n_layers, H, 6, 6)
     fig = layer_head_grid(torch.tensor(w))
     axes = _heatmap_axes(fig)
-    assert len(axes) == n_layer * H
+    assert len(axes) == n_layers * H
     for i, ax in enumerate(axes):
         layer, h = divmod(i, H)
         np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), w[layer, h], atol=1e-6)
         assert ax.get_xticks().size == 0                           # too small for labels
-    assert [axes[layer * H].get_ylabel() for layer in range(n_layer)] == ["layer 0", "layer 1", "layer 2"]
+    assert [axes[layer * H].get_ylabel() for layer in range(n_layers)] == ["layer 0", "layer 1", "layer 2"]
     assert [axes[h].get_title() for h in range(H)] == [f"head {h}" for h in range(H)]
 
 
@@ -271,7 +271,7 @@ def _tiny_gpt_checkpoint(path, task=None, **config_overrides):
     from attnlab.models import GPT, GPTConfig
     from attnlab.train.checkpoint import save_checkpoint
     tok = CharTokenizer.train("hello world")
-    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, d_model=16)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, max_len=16, n_layers=2, n_heads=2, d_model=16)
     torch.manual_seed(0)
     return save_checkpoint(path, 1, GPT(cfg), tokenizer_json=tok.to_json(),
                            model_config={**cfg.to_dict(), **config_overrides},

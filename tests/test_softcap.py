@@ -59,8 +59,8 @@ def test_softcap_backends_match_gold(backend, case, dtype, monkeypatch):
     make_mask, bias_kind = CASES[case]
     q, k, v = rand(2, 4, 21, 16, seed=4, scale=2), rand(2, 2, 21, 16, seed=5, scale=2), rand(2, 2, 21, 16, seed=6)
     bias = rand(1, 4, 21, 21, seed=7) if bias_kind == "tensor" else None
-    small = {"tiled": lambda *a, **kw: tiled_attention(*a, **kw, block_q=8, block_k=16),
-             "sparse": lambda *a, **kw: sparse_attention(*a, **kw, block_q=8, block_k=8)}[backend]
+    small = {"tiled": lambda *a, **kw: tiled_attention(*a, **kw, tile_q=8, tile_k=16),
+             "sparse": lambda *a, **kw: sparse_attention(*a, **kw, tile_q=8, tile_k=8)}[backend]
 
     def fn(q, k, v, **kw):
         if bias_kind == "function":
@@ -86,9 +86,9 @@ def test_gradcheck_with_softcap(backend):
     bias = rand(1, 2, 7, 9, seed=11)
     leaves = [t.requires_grad_() for t in (q, k, v, bias)]
     fn = {"tiled": lambda q, k, v, b: tiled_attention(q, k, v, mask=masks.causal(), bias=b, scale=0.7, softcap=1.5,
-                                                      block_q=4, block_k=4),
+                                                      tile_q=4, tile_k=4),
           "sparse": lambda q, k, v, b: sparse_attention(q, k, v, mask=masks.causal(), bias=b, scale=0.7, softcap=1.5,
-                                                        block_q=4, block_k=4)}[backend]
+                                                        tile_q=4, tile_k=4)}[backend]
     assert torch.autograd.gradcheck(fn, leaves)
 
 

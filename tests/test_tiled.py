@@ -22,7 +22,7 @@ def alibi_like(H, dtype=torch.float64):
                          ids=["none", "causal", "window&padding"])
 def test_gradcheck_tiled_backward(mask):
     q, k, v, bias = leaves((2, 4, 9, 5), (2, 2, 11, 5), (2, 2, 11, 3), (1, 4, 9, 11))
-    fn = lambda q, k, v, bias: tiled_attention(q, k, v, mask=mask, bias=bias, scale=0.4, block_q=4, block_k=4)
+    fn = lambda q, k, v, bias: tiled_attention(q, k, v, mask=mask, bias=bias, scale=0.4, tile_q=4, tile_k=4)
     assert torch.autograd.gradcheck(fn, (q, k, v, bias))
 
 
@@ -30,14 +30,14 @@ def test_gradcheck_structured_bias_and_dropout():
     q, k, v = leaves((1, 2, 7, 4), (1, 1, 8, 4), (1, 1, 8, 4))
     alibi, slopes = alibi_like(2)
     fn = lambda q, k, v, s: tiled_attention(q, k, v, mask=masks.causal(), bias=FunctionBias(alibi.fn, s), scale=0.5,
-                                            dropout_p=0.3, dropout_seed=123, block_q=4, block_k=4)
+                                            dropout_p=0.3, dropout_seed=123, tile_q=4, tile_k=4)
     assert torch.autograd.gradcheck(fn, (q, k, v, slopes))
 
 
 def test_structured_bias_equals_dense_bias_with_grads():
     q, k, v = leaves((2, 4, 30, 8), (2, 4, 26, 8), (2, 4, 26, 8))
     alibi, slopes = alibi_like(4)
-    out = tiled_attention(q, k, v, mask=masks.causal(), bias=alibi, scale=0.3, block_q=8, block_k=8)
+    out = tiled_attention(q, k, v, mask=masks.causal(), bias=alibi, scale=0.3, tile_q=8, tile_k=8)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v, slopes), g)
     out_ref = reference_attention(q, k, v, mask=masks.causal(), bias=alibi, scale=0.3)
@@ -50,13 +50,13 @@ def test_structured_bias_equals_dense_bias_with_grads():
 def test_dropout_matches_reference_for_the_same_seed():
     q, k, v = leaves((2, 4, 33, 8), (2, 2, 33, 8), (2, 2, 33, 8))
     kw = dict(mask=masks.causal(), scale=0.3, dropout_p=0.25, dropout_seed=7)
-    out = tiled_attention(q, k, v, block_q=8, block_k=16, **kw)
+    out = tiled_attention(q, k, v, tile_q=8, tile_k=16, **kw)
     ref = reference_attention(q, k, v, **kw)
     torch.testing.assert_close(out, ref)
     g = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         torch.testing.assert_close(a, b)
-    other = tiled_attention(q, k, v, block_q=8, block_k=16, **{**kw, "dropout_seed": 8})
+    other = tiled_attention(q, k, v, tile_q=8, tile_k=16, **{**kw, "dropout_seed": 8})
     assert not torch.allclose(out, other)
 
 
@@ -75,11 +75,11 @@ def test_skipping_is_real_window():
     """A window of 64 over 1024 keys computes ~(64+64+block) keys per row, not 1024: count the scores."""
     q, k, v = (torch.randn(1, 2, 1024, 16) for _ in range(3))
     stats = TileStats()
-    tiled_attention(q, k, v, mask=masks.window(64, 0), scale=0.25, block_q=64, block_k=128, stats=stats)
+    tiled_attention(q, k, v, mask=masks.window(64, 0), scale=0.25, tile_q=64, tile_k=128, stats=stats)
     assert stats.tiles_skipped > 0.8 * stats.tiles_total
     assert stats.scores <= 1024 * (64 + 64 + 64)        # rows x (window + one tile of slack each side)
     full = TileStats()
-    tiled_attention(q, k, v, scale=0.25, block_q=64, block_k=128, stats=full)
+    tiled_attention(q, k, v, scale=0.25, tile_q=64, tile_k=128, stats=full)
     assert full.tiles_skipped == 0 and full.tiles_masked == 0 and full.scores == 1024 * 1024
 
 
@@ -87,10 +87,10 @@ def test_skipping_is_real_documents_and_causal():
     ids = torch.arange(1024) // 128                      # 8 documents of 128
     q, k, v = (torch.randn(1, 2, 1024, 16) for _ in range(3))
     stats = TileStats()
-    tiled_attention(q, k, v, mask=masks.documents(ids), scale=0.25, block_q=128, block_k=128, stats=stats)
+    tiled_attention(q, k, v, mask=masks.documents(ids), scale=0.25, tile_q=128, tile_k=128, stats=stats)
     assert stats.scores == 8 * 128 * 128 and stats.tiles_masked == 0   # aligned documents: only full tiles
     causal = TileStats()
-    tiled_attention(q, k, v, mask=masks.causal(), scale=0.25, block_q=128, block_k=128, stats=causal)
+    tiled_attention(q, k, v, mask=masks.causal(), scale=0.25, tile_q=128, tile_k=128, stats=causal)
     assert causal.tiles_masked == 1024 // 64             # only the diagonal fine tiles need masking work
     assert causal.scores < 0.6 * 1024 * 1024
 
@@ -98,7 +98,7 @@ def test_skipping_is_real_documents_and_causal():
 def test_padding_skips_per_example():
     q, k, v = (torch.randn(2, 2, 256, 16) for _ in range(3))
     stats = TileStats()
-    out = tiled_attention(q, k, v, mask=masks.padding([256, 64]), scale=0.25, block_q=64, block_k=64, stats=stats)
+    out = tiled_attention(q, k, v, mask=masks.padding([256, 64]), scale=0.25, tile_q=64, tile_k=64, stats=stats)
     assert stats.scores == 256 * 256 + 256 * 64
     torch.testing.assert_close(out, reference_attention(q, k, v, mask=masks.padding([256, 64]), scale=0.25))
 
@@ -130,8 +130,8 @@ def test_lazy_rescaling_falls_back_when_later_keys_dominate(dtype):
     v = torch.randn(1, 1, S, 3, dtype=torch.float64, generator=g)
     gold = reference_attention(q, k, v, scale=0.5)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    out = tiled_attention(q, k, v, scale=0.5, block_q=8, block_k=16)           # 6 spans: falls back
-    one_span = tiled_attention(q, k, v, scale=0.5, block_q=8, block_k=128)     # never stale
+    out = tiled_attention(q, k, v, scale=0.5, tile_q=8, tile_k=16)           # 6 spans: falls back
+    one_span = tiled_attention(q, k, v, scale=0.5, tile_q=8, tile_k=128)     # never stale
     ref = reference_attention(q, k, v, scale=0.5)
     assert torch.isfinite(out).all()
     err = (out.double() - gold).abs().max()
@@ -164,9 +164,9 @@ def test_per_example_bias_with_per_example_schedule(mask, bias_kind, backend):
             return FunctionBias(lambda i, j, s: -s[:, :, None, None] * (i - j).abs(), s)
         return -s[:, :, None, None] * (torch.arange(64.0)[:, None] - torch.arange(64.0)).abs()   # (B, H, L, S)
 
-    run = {"tiled": lambda *a, **kw: tiled_attention(*a, **kw, block_q=16, block_k=16),
-           "sparse": lambda *a, **kw: al.functional.backends.sparse.sparse_attention(*a, **kw, block_q=16,
-                                                                                     block_k=16)}[backend]
+    run = {"tiled": lambda *a, **kw: tiled_attention(*a, **kw, tile_q=16, tile_k=16),
+           "sparse": lambda *a, **kw: al.functional.backends.sparse.sparse_attention(*a, **kw, tile_q=16,
+                                                                                     tile_k=16)}[backend]
     grads = []
     for fn in (run, reference_attention):
         out = fn(q, k, v, mask=m, bias=bias_of(s), scale=0.3)

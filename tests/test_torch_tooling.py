@@ -149,7 +149,7 @@ def test_compile_time_schedule_is_exact_on_many_tiles(backend, mask, monkeypatch
     q, k, v, bias = inputs(L=37, S=45, D=4, Dv=3)
     m = BIG_MASKS[mask]()
     stats = {"tiled": TileStats, "sparse": SparseStats}[backend]()
-    fn = lambda q, k, v, b: _kernel(backend)(q, k, v, mask=m, bias=b, scale=0.5, block_q=8, block_k=8, stats=stats)
+    fn = lambda q, k, v, b: _kernel(backend)(q, k, v, mask=m, bias=b, scale=0.5, tile_q=8, tile_k=8, stats=stats)
     ref = lambda q, k, v, b: reference_attention(q, k, v, mask=m, bias=b, scale=0.5)
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], run_and_grads(fn, q, k, v, bias),
                           run_and_grads(ref, q, k, v, bias)):
@@ -172,7 +172,7 @@ def test_fullgraph_on_many_tiles(backend, bias_kind):
     as_bias = (lambda b: b) if bias_kind == "tensor" else (
         lambda s: FunctionBias(lambda i, j, s: -s[:, :, None, None] * (i - j).abs(), s))
     m = masks.causal() & masks.padding(torch.tensor([45, 20]))
-    fn = lambda q, k, v, b: _kernel(backend)(q, k, v, mask=m, scale=0.5, block_q=16, block_k=16, bias=as_bias(b))
+    fn = lambda q, k, v, b: _kernel(backend)(q, k, v, mask=m, scale=0.5, tile_q=16, tile_k=16, bias=as_bias(b))
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
     for name, a, b in zip(["out", "dq", "dk", "dv", "dbias"], run_and_grads(compiled, q, k, v, bias),
                           run_and_grads(fn, q, k, v, bias)):

@@ -15,16 +15,16 @@ import torch
 
 pytest.importorskip("triton", reason="the triton backend needs the gpu extra: pip install 'attnlab[gpu]'")
 
-import attnlab as al  # noqa: E402
-from attnlab.functional import masks  # noqa: E402
-from attnlab.functional.backends import triton_attn as T  # noqa: E402
-from attnlab.functional.backends import triton_attn_plan as P  # noqa: E402
-from attnlab.functional.backends.reference import reference_attention  # noqa: E402
-from attnlab.functional.backends.tiled_plan import TileStats  # noqa: E402
-from attnlab.functional.request import make_request  # noqa: E402
-from attnlab.positional.alibi import ALiBi, AlibiBias  # noqa: E402
-from attnlab.positional.t5 import T5Bias, T5BucketBias  # noqa: E402
-from helpers import CASES, FLOOR, MASK_KINDS, Case, errors, make_inputs, make_mask  # noqa: E402
+import attnlab as al
+from attnlab.functional import masks
+from attnlab.functional.backends import triton_attn as T
+from attnlab.functional.backends import triton_attn_plan as P
+from attnlab.functional.backends.reference import reference_attention
+from attnlab.functional.backends.tiled_plan import TileStats
+from attnlab.functional.request import make_request
+from attnlab.positional.alibi import ALiBi, AlibiBias
+from attnlab.positional.t5 import T5Bias, T5BucketBias
+from helpers import CASES, FLOOR, MASK_KINDS, Case, errors, make_inputs, make_mask
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -35,7 +35,7 @@ if not ON_GPU:
     # the other test modules still see a CPU-only machine (no triton backend).
     _saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    from attnlab.functional.backends import triton_attn_bwd, triton_attn_kernels  # noqa: E402,F401
+    from attnlab.functional.backends import triton_attn_bwd, triton_attn_kernels  # noqa: F401
     if _saved is None:
         del os.environ["TRITON_INTERPRET"]
     else:
@@ -51,7 +51,7 @@ def _interpreter(monkeypatch):
 def on_device(**tiles):
     """triton_attention on DEVICE, taking and returning CPU tensors (differentiably)."""
     def fn(q, k, v, *, mask=None, bias=None, **kw):
-        dev = lambda t: t.to(DEVICE) if isinstance(t, torch.Tensor) else t     # noqa: E731
+        dev = lambda t: t.to(DEVICE) if isinstance(t, torch.Tensor) else t
         out = T.triton_attention(dev(q), dev(k), dev(v), mask=mask.to(DEVICE) if mask is not None else None,
                                  bias=dev(bias), **tiles, **kw)
         return (out[0].cpu(), out[1].cpu()) if isinstance(out, tuple) else out.cpu()
@@ -233,7 +233,7 @@ def test_unavailable_without_cuda_or_interpreter(monkeypatch):
     assert "auto -> triton" not in al.explain(q, q, q, mask=masks.window(2, 0))
     with pytest.raises(ValueError, match="triton.*no CUDA device.*TRITON_INTERPRET=1"):
         al.attention(q, q, q, backend="triton")
-    monkeypatch.setattr(T.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(T, "_triton_installed", lambda: False)
     assert "not installed (pip install 'attnlab[gpu]')" in T.triton_unavailable()
 
 

@@ -151,7 +151,7 @@ def test_varlen_skips_other_sequences_tiles(backend):
     q = k = v = rand(1, 1, 256, 8).float()
     stats = TileStats() if backend == "tiled" else SparseStats()
     fn = tiled_attention if backend == "tiled" else sparse_attention
-    fn(q, k, v, mask=m, scale=0.3, block_q=64, block_k=64, stats=stats)
+    fn(q, k, v, mask=m, scale=0.3, tile_q=64, tile_k=64, stats=stats)
     kinds = m.tile_kinds(256, 256, 64, 64)[0]
     # documents [0, 64), [64, 128), [128, 256): tiles (0,0), (1,1), (2,2), (3,2), (3,3) are the only work
     assert (kinds != masks.EMPTY).nonzero().tolist() == [[0, 0], [1, 1], [2, 2], [3, 2], [3, 3]]

@@ -1,4 +1,5 @@
-"""The web lab's API (attnlab.web.create_app): status codes, caps, Host check, JSON shapes; and `attnlab serve`'s refusals."""
+"""The web lab's API (attnlab.web.create_app): status codes, caps, Host check, JSON shapes; and `attnlab serve`'s
+refusals."""
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,8 @@ def test_attention_json_shapes(client):
     assert abs(d["max_entropy"] - math.log(L)) < 1e-12
     assert 0 <= d["agreement"] < 1e-5
     want = attention_maps("toy-encoder", TEXT, layer=1).weights[0]
-    assert max(abs(a - b) for h in range(4) for i in range(L) for a, b in zip(d["weights"][h][i], want[h, i].tolist())) < 2e-6
+    assert max(abs(a - b) for h in range(4) for i in range(L)
+               for a, b in zip(d["weights"][h][i], want[h, i].tolist())) < 2e-6
 
 
 def test_one_head_and_knobs(client):

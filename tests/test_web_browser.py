@@ -142,7 +142,8 @@ def test_screenshot(page):
     _show(page, "The award, which was given for lifetime achievement, sat proudly on the shelf", model)
     page.wait_for_selector("#heatmap rect.cell >> nth=100")
     page.select_option("#head", "4" if model == "minilm" else "0")
-    page.wait_for_selector("#status:has-text('layer 5 · head 4')" if model == "minilm" else "#status:has-text('head 0')")
+    page.wait_for_selector("#status:has-text('layer 5 · head 4')" if model == "minilm"
+                           else "#status:has-text('head 0')")
     out = Path(os.environ["ATTNLAB_WEB_SCREENSHOT"])
     out.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(out), full_page=True)

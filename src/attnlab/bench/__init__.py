@@ -11,7 +11,7 @@ One concern per module:
     report       the plain-text table and the JSON file
     machine      versions, CPU and threads, stored with every report
 
-The command line is ``attnlab bench`` (see ``attnlab.cli``). From Python::
+The command line is ``attnlab bench`` (see ``attnlab.cli.bench``). From Python::
 
     from attnlab.bench import BenchConfig, run_kernels, format_table
     report = run_kernels(BenchConfig(n=[1024], dtypes=["float32"], modes=["fwd"], masks=["window"]))

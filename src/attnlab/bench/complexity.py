@@ -266,7 +266,8 @@ def _target_lines(report: dict, judge: bool) -> list[str]:
 def format_complexity(report: dict) -> str:
     """Time and memory tables (rows n, one column per series), the alpha fits and the targets."""
     c, s = report["meta"]["config"], report["series"]
-    shape = f"{c.get('mode', 'fwd')}, B={c['batch']} H={c['heads']} D={c['head_dim']} {c['dtype']}, self-attention L = S = n"
+    shape = (f"{c.get('mode', 'fwd')}, B={c['batch']} H={c['heads']} D={c['head_dim']} {c['dtype']}, "
+             "self-attention L = S = n")
     lines = _grid(report, "median_s", f"time (ms, median), {shape}")
     if c["memory"]:
         lines += [""] + _grid(report, "peak_extra_bytes", "peak extra memory (MB, fresh subprocess per point)")

@@ -11,8 +11,8 @@ The busy process is a child Python process running a fixed busy loop, pinned wit
 ``os.sched_setaffinity`` (core 1 when the bench may use it, else the last core it may use). It is
 started before the contended runs, waited for until it is spinning, and killed after them; it
 also stops by itself after ``bound_s`` seconds (its own deadline) and as soon as its parent is
-gone, so it can never outlive the bench, even if the bench is killed. If it stopped before the timing ended, the row says so and
-gets no ratio.
+gone, so it can never outlive the bench, even if the bench is killed. If it stopped before the
+timing ended, the row says so and gets no ratio.
 
 Example::
 

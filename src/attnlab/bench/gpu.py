@@ -120,7 +120,7 @@ def _make_step(name: str, case: Case, q, k, v) -> Callable[[], object]:
         if case.mask == "alibi":
             from ..positional.alibi import AlibiBias
             bias = AlibiBias(alibi_slopes(case).to(q.device))
-        fwd = lambda: attention(q, k, v, mask=mask, bias=bias, backend="triton")          # noqa: E731
+        fwd = lambda: attention(q, k, v, mask=mask, bias=bias, backend="triton")
     elif name == "sdpa":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         kw = {key: (val.to(q.device, q.dtype if val.is_floating_point() else val.dtype)
@@ -242,7 +242,7 @@ def evaluate_targets(rows: list[dict]) -> list[dict]:
 
 def _cells(r: dict) -> list[str]:
     c = r["case"]
-    num = lambda key, fmt: "" if r.get(key) is None else format(r[key], fmt)              # noqa: E731
+    num = lambda key, fmt: "" if r.get(key) is None else format(r[key], fmt)
     return [f"{c['mask']} {c['n']} d{c['head_dim']} {c['mode']}", r["contestant"], f"{c['batch']}x{c['heads']}",
             num("median_ms", ".3f"), num("tflops", ".1f"), num("pct_peak", ".1f"), num("x_sdpa", ".2f"),
             num("x_flex", ".2f"), "; ".join(r["notes"])]
@@ -253,7 +253,7 @@ def format_gpu_table(report: dict) -> str:
     head = ["case (mask n d mode)", "contestant", "B x H", "ms", "TFLOP/s", "% peak", "x sdpa", "x flex", "notes"]
     cells = [_cells(r) for r in report["results"]]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(head)]
-    line = lambda cs: "  ".join(x.ljust(w) if i in (0, 1, 8) else x.rjust(w)                   # noqa: E731
+    line = lambda cs: "  ".join(x.ljust(w) if i in (0, 1, 8) else x.rjust(w)
                                 for i, (x, w) in enumerate(zip(cs, widths))).rstrip()
     out, prev = [line(head), line(["-" * w for w in widths])], None
     for c in cells:

@@ -28,9 +28,12 @@ from .machine import LoadMonitor, machine_info
 from .memory import extrapolate, measure_peak
 from .timing import gemm_peak_gflops, time_interleaved
 
-__all__ = ["BenchConfig", "QUICK", "run_kernels", "run_case"]
+__all__ = ["BenchConfig", "QUICK", "AUTO_WITHIN", "run_kernels", "run_case"]
 
 log = logging.getLogger(__name__)
+
+# auto is meant to be within this factor of the fastest exact backend on every case (issue #14).
+AUTO_WITHIN = 1.05
 
 # Output agreement with torch-sdpa beyond which a row is flagged (max abs difference).
 TOLERANCE = {"float32": 1e-3, "float64": 1e-9, "bfloat16": 6e-2, "float16": 1e-2}
@@ -143,6 +146,7 @@ def run_case(case: Case, cfg: BenchConfig) -> list[dict]:
         from .contention import time_contended
         time_contended([row for row, _ in live], [runner.step for _, runner in live], times, cfg.repeats)
     _add_ratios(rows)
+    _add_auto_verdict(rows)
     return rows
 
 
@@ -156,6 +160,24 @@ def _add_ratios(rows: list[dict]) -> None:
             r["x_sdpa"] = t["torch-sdpa"] / r["median_ms"]
         if "flex" in t:
             r["x_flex"] = t["flex"] / r["median_ms"]
+
+
+def _add_auto_verdict(rows: list[dict]) -> None:
+    """The auto row of a case gets ``best_exact`` (the fastest exact attnlab backend timed beside it),
+    ``auto_vs_best`` = time(best) / time(auto) and ``auto_within`` (is auto at most AUTO_WITHIN slower?).
+
+    auto is judged on its own timed row, dispatch included, not on its pick's row; with fewer than two
+    exact backends timed there is nothing to choose between, and the row gets no verdict.
+    """
+    from ..functional.registry import get_backend
+    auto = next((r for r in rows if r["contestant"] == "auto" and r["status"] == "ok"), None)
+    exact = {r["contestant"]: r["median_ms"] for r in rows if r["status"] == "ok" and not r["peer"]
+             and r["contestant"] != "auto" and get_backend(r["contestant"]).exact}
+    if auto is None or len(exact) < 2:
+        return
+    best = min(exact, key=exact.get)
+    ratio = exact[best] / auto["median_ms"]
+    auto.update(best_exact=best, auto_vs_best=ratio, auto_within=bool(ratio * AUTO_WITHIN >= 1.0))
 
 
 def _memory_targets(rows: list[dict], cfg: BenchConfig) -> list[dict]:

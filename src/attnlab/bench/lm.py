@@ -74,8 +74,8 @@ class LMBenchConfig:
     def gpt_config(self) -> GPTConfig:
         """The preset, with a context long enough for training and the longest generation."""
         base = GPTConfig.preset(self.preset, vocab_size=self.vocab_size)
-        block = max(base.block_size, self.seq_len, max(self.gen_to, default=0))
-        return GPTConfig.preset(self.preset, vocab_size=self.vocab_size, block_size=block, positional="learned")
+        longest = max(base.max_len, self.seq_len, max(self.gen_to, default=0))
+        return GPTConfig.preset(self.preset, vocab_size=self.vocab_size, max_len=longest, positional="learned")
 
 
 # Under 30 s on a busy 2-core machine: the nano preset, a small batch, short generations.

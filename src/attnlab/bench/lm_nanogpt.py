@@ -76,7 +76,11 @@ class Block(nn.Module):
 
 
 class NanoGPT(nn.Module):
-    """GPT-2 as nanoGPT builds it: ``forward(idx (B, T)) -> logits (B, T, V)``, no dropout, no cache."""
+    """GPT-2 as nanoGPT builds it: ``forward(idx (B, T)) -> logits (B, T, V)``, no dropout, no cache.
+
+    Its names (``block_size``, ``n_layer``, ``n_head``, ``wte``, ``c_proj``...) are nanoGPT's on purpose,
+    so it reads side by side with the code it mirrors; attnlab's own configs say max_len, n_layers, n_heads.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int, **attn_kw):
         super().__init__()
@@ -103,7 +107,7 @@ class NanoGPT(nn.Module):
                 ("learned", "layer", "gelu", True, True, None):
             raise ValueError(f"NanoGPT.like needs a GPT-2-style GPTConfig (positional='learned', norm='layer', "
                              f"mlp='gelu', bias=True, tie_weights=True, n_kv_heads=None), got {cfg}")
-        return cls(cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.d_model, **attn_kw)
+        return cls(cfg.vocab_size, cfg.max_len, cfg.n_layers, cfg.n_heads, cfg.d_model, **attn_kw)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())              # the tied matrix counts once

@@ -82,12 +82,13 @@ def _per_call(fns: dict[str, Callable], calls: int, repeats: int) -> dict[str, f
 def overheads(cfg, batch: int, seq_len: int, *, calls: int = 200, repeats: int = 7) -> list[dict]:
     """The microbenchmarks listed in the module docstring, for a GPTConfig's sizes."""
     g = torch.Generator().manual_seed(0)
-    H, C = cfg.n_head, cfg.d_model
+    H, C = cfg.n_heads, cfg.d_model
     D = C // H
     rows = []
     # Dispatch: a tiny request, so the fixed Python cost per call is what gets measured.
     q, k, v = (torch.randn(1, H, 8, D, generator=g) for _ in range(3))           # (1, H, 8, D)
-    rows.append({"what": f"attention call, fixed cost (1, {H}, 8, {D}), causal, no grad", "calls_per_step": cfg.n_layer,
+    rows.append({"what": f"attention call, fixed cost (1, {H}, 8, {D}), causal, no grad",
+                 "calls_per_step": cfg.n_layers,
                  "us_per_call": _per_call({
                      "F.scaled_dot_product_attention(is_causal=True)":
                          lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -95,10 +96,10 @@ def overheads(cfg, batch: int, seq_len: int, *, calls: int = 200, repeats: int =
                      "attnlab.attention(causal=True, backend='sdpa')":
                          lambda: attention(q, k, v, causal=True, backend="sdpa")}, calls, repeats)})
     # Decode: one query against S cached keys; bottom-right causal allows every key.
-    S = min(cfg.block_size, 256)
+    S = min(cfg.max_len, 256)
     q1 = torch.randn(1, H, 1, D, generator=g)                                      # (1, H, 1, D)
     ks, vs = (torch.randn(1, H, S, D, generator=g) for _ in range(2))             # (1, H, S, D)
-    rows.append({"what": f"decode attention (1, {H}, 1 <- {S}, {D}), no grad", "calls_per_step": cfg.n_layer,
+    rows.append({"what": f"decode attention (1, {H}, 1 <- {S}, {D}), no grad", "calls_per_step": cfg.n_layers,
                  "us_per_call": _per_call({
                      "attnlab.attention(causal=True) [L = 1: causal dropped, plain SDPA]":
                          lambda: attention(q1, ks, vs, causal=True),
@@ -106,15 +107,15 @@ def overheads(cfg, batch: int, seq_len: int, *, calls: int = 200, repeats: int =
                      "F.scaled_dot_product_attention()": lambda: F.scaled_dot_product_attention(q1, ks, vs)},
                      calls, repeats)})
     x = torch.randn(batch, seq_len, C, generator=g)                                # (B, T, C)
-    rows.append({"what": f"head split of (B={batch}, T={seq_len}, C={C})", "calls_per_step": 4 * cfg.n_layer,
+    rows.append({"what": f"head split of (B={batch}, T={seq_len}, C={C})", "calls_per_step": 4 * cfg.n_layers,
                  "us_per_call": _per_call({
                      "einops.rearrange('b l (h d) -> b h l d')": lambda: rearrange(x, "b l (h d) -> b h l d", h=H),
                      "view + transpose": lambda: x.view(batch, seq_len, H, D).transpose(1, 2)}, calls, repeats)})
-    rows.append(_projections(C, batch, seq_len, cfg.n_layer, max(1, calls // 40), repeats, g))
+    rows.append(_projections(C, batch, seq_len, cfg.n_layers, max(1, calls // 40), repeats, g))
     return rows
 
 
-def _projections(C: int, batch: int, seq_len: int, n_layer: int, calls: int, repeats: int,
+def _projections(C: int, batch: int, seq_len: int, n_layers: int, calls: int, repeats: int,
                  g: torch.Generator) -> dict:
     """q/k/v from three Linears vs one fused (C, 3C) Linear, forward + backward at the training shape."""
     sep = [nn.Linear(C, C) for _ in range(3)]
@@ -129,6 +130,6 @@ def _projections(C: int, batch: int, seq_len: int, n_layer: int, calls: int, rep
     def one():
         torch.autograd.backward(fused(x), dy3)
     return {"what": f"q/k/v projections, forward + backward, (B={batch}, T={seq_len}, C={C})",
-            "calls_per_step": n_layer,
+            "calls_per_step": n_layers,
             "us_per_call": _per_call({"three Linear(C, C) [attnlab]": three, "one Linear(C, 3C) [nanoGPT]": one},
                                      calls, repeats)}

@@ -36,10 +36,11 @@ def _training(report: dict) -> list[str]:
     diffs = t["max_abs_logit_diff_vs_nanogpt"]
     rows = [[r["name"], f"{1e3 * r['median_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['speed_vs_nanogpt']:.3f}",
              f"{r['paired_speed_vs_nanogpt']:.3f} [{r['paired_iqr'][0]:.3f}, {r['paired_iqr'][1]:.3f}]",
-             f"{1e3 * r['cpu_median_s']:.1f}", f"{r['cpu_speed_vs_nanogpt']:.3f}", f"{r['last_loss']:.4f}", "" if r["name"] == NANOGPT else f"{diffs[r['name']]:.1e}"]
+             f"{1e3 * r['cpu_median_s']:.1f}", f"{r['cpu_speed_vs_nanogpt']:.3f}", f"{r['last_loss']:.4f}",
+             "" if r["name"] == NANOGPT else f"{diffs[r['name']]:.1e}"]
             for r in t["rows"]]
-    head = (f"training step (forward, cross-entropy, backward, AdamW): {c['preset']} preset, {m['n_layer']} layers, "
-            f"{m['n_head']} heads, C={m['d_model']}, {t['params']:,} parameters (every model), vocab "
+    head = (f"training step (forward, cross-entropy, backward, AdamW): {c['preset']} preset, {m['n_layers']} layers, "
+            f"{m['n_heads']} heads, C={m['d_model']}, {t['params']:,} parameters (every model), vocab "
             f"{m['vocab_size']}, B={c['batch']} T={c['seq_len']}, {c['repeats']} round-robin rounds")
     lines = [head] + _table(["model", "median ms", "tokens/s", "x nanoGPT", "x nanoGPT per round [IQR]",
                              "CPU ms", "x nanoGPT (CPU)", "last loss", "|logit diff| at init"], rows)

@@ -61,8 +61,8 @@ MINILM_QUICK = dict(cases=[(4, 32)], backends=["auto", "sdpa"], repeats=3)
 def encoder_flops(model: Encoder, batch: int, seq_len: int) -> int:
     """Forward FLOPs of the padded batch: the six layers' matmuls (2 per MAC) plus QK^T and PV."""
     c = model.cfg
-    per_token = 2 * c.n_layer * (4 * c.d_model ** 2 + 2 * c.d_model * c.d_ff)
-    attn = 4 * batch * c.n_layer * seq_len * seq_len * c.d_model      # H * D = C
+    per_token = 2 * c.n_layers * (4 * c.d_model ** 2 + 2 * c.d_model * c.d_ff)
+    attn = 4 * batch * c.n_layers * seq_len * seq_len * c.d_model      # H * D = C
     return batch * seq_len * per_token + attn
 
 

@@ -84,7 +84,8 @@ def _footer(report: dict) -> list[str]:
     drift = {dt: abs(a - meta["gemm_peak_gflops_end"][dt]) / max(a, meta["gemm_peak_gflops_end"][dt])
              for dt, a in meta.get("gemm_peak_gflops_start", {}).items()}
     if drift and max(drift.values()) > 0.1:
-        lines.append("WARNING: the GEMM peak changed by " + ", ".join(f"{100 * d:.0f}% ({dt})" for dt, d in drift.items())
+        lines.append("WARNING: the GEMM peak changed by "
+                     + ", ".join(f"{100 * d:.0f}% ({dt})" for dt, d in drift.items())
                      + " between start and end: this machine's speed drifts; compare rows of one run, "
                        "not across runs")
     busy = (meta.get("load") or {}).get("other_cpu_fraction")
@@ -98,7 +99,8 @@ def _footer(report: dict) -> list[str]:
     if any(r["contestant"] == "flex" for r in report["results"]):
         lines.append("flex compile = first call minus steady-state median; inductor cache "
                      + ("warm" if meta.get("inductor_cache_warm_at_start") else "cold") + " at start")
-    if c.get("fwdbwd_max_n") is not None and "fwdbwd" in c.get("modes", []) and max(c.get("n", [0])) > c["fwdbwd_max_n"]:
+    if c.get("fwdbwd_max_n") is not None and "fwdbwd" in c.get("modes", []) \
+            and max(c.get("n", [0])) > c["fwdbwd_max_n"]:
         lines.append(f"fwdbwd ran only for n <= {c['fwdbwd_max_n']} (pass --n/--mode explicitly to run larger)")
     fc = c.get("flex_cases")
     if c.get("flex") and fc is not None:
@@ -128,7 +130,29 @@ def format_table(report: dict) -> str:
             out.append("")                  # a blank line between cases
         prev_label = row[0] or prev_label
         out.append(line(row))
-    return "\n".join(out + [""] + _footer(report)) + "\n"
+    return "\n".join(out + [""] + _footer(report) + format_auto(report)) + "\n"
+
+
+def format_auto(report: dict) -> list[str]:
+    """One line per case: auto's pick, the fastest exact backend beside it, and whether auto is within
+    the bench's AUTO_WITHIN of it (no lines when no case timed auto beside two exact backends)."""
+    from .kernels import AUTO_WITHIN
+    judged = [r for r in report["results"] if "auto_vs_best" in r]
+    if not judged:
+        return []
+    cells = []
+    for r in judged:
+        c = r["case"]
+        pick = next((n[len("auto -> "):] for n in r.get("notes", []) if n.startswith("auto -> ")), "?")
+        cells.append([f"{c['mask']} {c['n']} {c['dtype']} {c['mode']}", pick, r["best_exact"],
+                      f"{r['auto_vs_best']:.3f}", "yes" if r["auto_within"] else "NO"])
+    header = ["case (mask n dtype mode)", "auto ->", "fastest exact", "time(best) / time(auto)",
+              f"within {100 * (AUTO_WITHIN - 1):.0f}%"]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells)]
+    line = lambda row: "  ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
+    ok = sum(r["auto_within"] for r in judged)
+    return ["", f"auto against the fastest exact backend: within {100 * (AUTO_WITHIN - 1):.0f}% on {ok} of "
+            f"{len(judged)} cases", line(header), line(["-" * w for w in widths])] + [line(x) for x in cells]
 
 
 def write_json(report: dict, path: str) -> str:

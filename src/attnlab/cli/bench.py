@@ -8,6 +8,7 @@
     attnlab bench --minilm [--quick]              # all-MiniLM-L6-v2 forward: attnlab backends vs transformers
     attnlab bench --hf [--quick]                  # tiny HF Llama, packed documents n=8192: attnlab vs its sdpa
     attnlab bench --lm [--quick]                  # GPT training tokens/s vs nanoGPT; KV-cache generation
+    attnlab bench --ring [--quick]                # ring attention, 2 ranks x 1 thread vs one process, n=65536
     attnlab bench --device cuda [--quick]         # on a GPU: the triton kernel vs SDPA flash and FlexAttention
 
 Progress goes to stderr (through ``logging``), the table to stdout, the report to a JSON file.
@@ -32,6 +33,7 @@ DEFAULT_ACCURACY_JSON = "bench-results/favor-accuracy.json"
 DEFAULT_MINILM_JSON = "bench-results/minilm.json"
 DEFAULT_LM_JSON = "bench-results/lm.json"
 DEFAULT_HF_JSON = "bench-results/hf.json"
+DEFAULT_RING_JSON = "bench-results/ring.json"
 
 
 def _bench_config(args: argparse.Namespace):
@@ -130,6 +132,22 @@ def _hf(args: argparse.Namespace):
     return report, format_hf(report), args.json or DEFAULT_HF_JSON, []
 
 
+def _ring(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--ring``: its defaults, --quick, then --n/--batch/--heads/--head-dim/
+    --dtype/--repeats/--ring-ranks/--ring-threads."""
+    from ..bench.ring import RING_QUICK, RingBenchConfig, format_ring, run_ring
+    if args.n is not None and len(args.n) > 1:
+        raise ValueError(f"--ring times one sequence length, got --n {' '.join(map(str, args.n))}")
+    if args.dtype is not None and len(args.dtype) > 1:
+        raise ValueError(f"--ring times one dtype, got --dtype {' '.join(args.dtype)}")
+    given = {"n": args.n and args.n[0], "batch": args.batch, "heads": args.heads, "dim": args.head_dim,
+             "dtype": args.dtype and args.dtype[0], "repeats": args.repeats, "ranks": args.ring_ranks,
+             "threads": args.ring_threads}
+    cfg = RingBenchConfig(**{**(RING_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
+    report = run_ring(cfg, args.argv)
+    return report, format_ring(report), args.json or DEFAULT_RING_JSON, []
+
+
 def _memory_scaling(args: argparse.Namespace):
     """(report, text, json path, no plots) of ``--memory-scaling``."""
     from ..bench import format_scaling, run_memory_scaling
@@ -179,6 +197,11 @@ BENCHMARKS: dict[str, Benchmark] = {
                     "a tiny random Hugging Face Llama (GQA) forward on one row of n = 8192 tokens in 8 packed "
                     "documents, attn_implementation='attnlab' vs transformers' 'sdpa' (--quick: n = 1024); --n, "
                     f"--docs, --batch, --backend, --repeats apply; JSON: {DEFAULT_HF_JSON}"),
+    "ring": Benchmark("--ring", _ring,
+                      "ring attention, causal forward at n = 65536 (B=1 H=8 D=64): --ring-ranks spawned processes x "
+                      "--ring-threads threads (default 2 x 1) vs one process with all those threads, same inputs, "
+                      "outputs compared (--quick: n = 4096); --n, --batch, --heads, --head-dim, --dtype, --repeats "
+                      f"apply; JSON: {DEFAULT_RING_JSON}"),
     "complexity": Benchmark("--complexity", _complexity,
                             "time and peak memory vs n (1k-64k, 256k for sparse and linear) for reference, sdpa, "
                             "tiled, sparse, linear; fitted n^alpha; PNG plots; then two head-to-heads: causal "
@@ -209,7 +232,8 @@ def _bench_usage(args: argparse.Namespace) -> Optional[str]:
         return f"{' and '.join(flags)} are separate benchmarks: give one of them per run"
     for flag, value in (("--n", args.n), ("--batch", args.batch), ("--heads", args.heads),
                         ("--head-dim", args.head_dim), ("--window", args.window), ("--docs", args.docs),
-                        ("--repeats", args.repeats)):
+                        ("--repeats", args.repeats), ("--ring-ranks", args.ring_ranks),
+                        ("--ring-threads", args.ring_threads)):
         values = value if isinstance(value, list) else [value]
         if any(v is not None and v < 1 for v in values):
             return f"{flag} must be >= 1, got {' '.join(map(str, values))}"
@@ -282,6 +306,8 @@ def add_bench(sub) -> None:
     b.add_argument("--run-budget-s", type=float,
                    help="--complexity: skip a point whose single run is predicted above this (default 30)")
     b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
+    b.add_argument("--ring-ranks", type=int, help="--ring: processes in the ring (default 2)")
+    b.add_argument("--ring-threads", type=int, help="--ring: torch threads per rank (default 1)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the GPU benchmark instead: triton vs SDPA (flash) and FlexAttention, TFLOP/s and %% of "
                         "the bf16 matmul peak (--quick: the scripts/gpu_check.sh preset; JSON: bench-results/gpu.json)")

@@ -70,10 +70,10 @@ def _generate(args: argparse.Namespace) -> int:
         _check_sampling(args)
         model, tok = load_language_model(args.checkpoint)          # a GPT, or the code task's LSTM baseline
         ids = tok.encode(args.prompt)
-        if len(ids) > model.cfg.block_size:
-            print(f"warning: the prompt is {len(ids)} tokens, the context holds {model.cfg.block_size}: "
-                  f"only its last {model.cfg.block_size} tokens are used", file=sys.stderr)
-            ids = ids[-model.cfg.block_size:]
+        if len(ids) > model.cfg.max_len:
+            print(f"warning: the prompt is {len(ids)} tokens, the context holds {model.cfg.max_len}: "
+                  f"only its last {model.cfg.max_len} tokens are used", file=sys.stderr)
+            ids = ids[-model.cfg.max_len:]
         # no --seed: a fresh one each run (the library's default would repeat torch's global state)
         seed = args.seed if args.seed is not None else secrets.randbits(63)
         stream = model.generate_tokens(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,

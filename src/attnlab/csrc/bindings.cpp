@@ -44,7 +44,7 @@ Problem<acc_t> make_problem(const at::Tensor& q, const at::Tensor& k, const at::
   Problem<acc_t> pb;
   pb.B = q.size(0); pb.H = q.size(1); pb.Hkv = k.size(1); pb.G = pb.H / pb.Hkv;
   pb.L = q.size(2); pb.S = k.size(2); pb.D = q.size(3); pb.Dv = v.size(3);
-  TORCH_CHECK(BQ > 0 && BK > 0, "tile sizes must be positive, got block_q=", BQ, " block_k=", BK);
+  TORCH_CHECK(BQ > 0 && BK > 0, "tile sizes must be positive, got tile_q=", BQ, " tile_k=", BK);
   pb.BQ = BQ; pb.BK = BK;
   pb.scale = scale; pb.softcap = softcap;
   if (spans && spans->defined()) {

@@ -5,7 +5,7 @@ Example::
     corpus = load_corpus("docs")
     tok = CharTokenizer.train(corpus.text)
     train_ids, val_ids = split_tokens(torch.tensor(tok.encode(corpus.text)), val_fraction=0.1)
-    x, y = BatchSampler(train_ids, block_size=256, batch_size=32, seed=0).next()   # (32, 256) each
+    x, y = BatchSampler(train_ids, seq_len=256, batch_size=32, seed=0).next()   # (32, 256) each
 """
 from .batches import BatchSampler, split_tokens
 from .prepare import LMData, prepare_lm_data

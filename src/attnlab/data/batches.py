@@ -9,7 +9,7 @@ not a random sample of it.
 Example::
 
     train_ids, val_ids = split_tokens(ids, val_fraction=0.1)           # ids: (N,) int64
-    sampler = BatchSampler(train_ids, block_size=256, batch_size=32, seed=0)
+    sampler = BatchSampler(train_ids, seq_len=256, batch_size=32, seed=0)
     x, y = sampler.next()                                              # (32, 256) each; y = x shifted by one
 """
 from __future__ import annotations
@@ -31,25 +31,25 @@ def split_tokens(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor
 
 
 class BatchSampler:
-    """Random windows of block_size + 1 tokens drawn with its own seeded ``torch.Generator``.
+    """Random windows of seq_len + 1 tokens drawn with its own seeded ``torch.Generator``.
 
     ``state()`` / ``set_state()`` save and restore the generator, so a resumed run draws the same
     batches as an uninterrupted one.
     """
 
-    def __init__(self, ids: Tensor, block_size: int, batch_size: int, seed: int = 0):
-        if len(ids) < block_size + 1:
-            raise ValueError(f"{len(ids)} tokens cannot fill one window of block_size + 1 = {block_size + 1}; "
-                             "use more text, a smaller --block-size, or a smaller validation fraction")
+    def __init__(self, ids: Tensor, seq_len: int, batch_size: int, seed: int = 0):
+        if len(ids) < seq_len + 1:
+            raise ValueError(f"{len(ids)} tokens cannot fill one window of seq_len + 1 = {seq_len + 1}; "
+                             "use more text, a smaller context (--max-len), or a smaller validation fraction")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.ids = ids.to(torch.int64)
-        self.block_size, self.batch_size = block_size, batch_size
+        self.seq_len, self.batch_size = seq_len, batch_size
         self.generator = torch.Generator().manual_seed(seed)
 
     def next(self) -> tuple[Tensor, Tensor]:
-        """x, y: int64 (batch_size, block_size), y[:, t] = the token after x[:, t]."""
-        T = self.block_size
+        """x, y: int64 (batch_size, seq_len), y[:, t] = the token after x[:, t]."""
+        T = self.seq_len
         starts = torch.randint(0, len(self.ids) - T, (self.batch_size,), generator=self.generator)  # (B,)
         offsets = starts[:, None] + torch.arange(T + 1)                                          # (B, T+1)
         windows = self.ids[offsets]                                                              # (B, T+1)

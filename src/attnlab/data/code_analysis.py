@@ -184,7 +184,7 @@ def function_prompts(source: str) -> list[FunctionPrompt]:
         indent = lines[node.lineno - 1][:_byte_col_to_char(lines[node.lineno - 1], node.col_offset)]
         if indent.strip():                                       # def not first on its line (e.g. "if x: def")
             continue
-        shift = lambda ls: "".join((ln[len(indent):] if ln.startswith(indent) else ln) + "\n" for ln in ls)  # noqa: E731
+        shift = lambda ls: "".join((ln[len(indent):] if ln.startswith(indent) else ln) + "\n" for ln in ls)
         out.append(FunctionPrompt(node.name, shift(lines[node.lineno - 1:doc.end_lineno]),
                                   shift(lines[doc.end_lineno:node.end_lineno])))
     return out

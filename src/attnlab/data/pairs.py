@@ -37,8 +37,9 @@ hence (x_i, x_j), (x_i, t) and (x_j, t) are all independent. The contact shows o
 three columns, (x_i, t, x_j), and the tag sits at a different column in every sample. An outer
 product mean of per-column features (a joint histogram of two columns) cannot see it; a model must
 first move the tag into the residues' features, which in the Evoformer only row attention does
-(attending by content to the tag symbol; the optional triangle updates see only two-column aggregates). With the tag added to x_i, the rule is again a
-one-to-one map between two columns, which the test of the pairwise rule can check (tests).
+(attending by content to the tag symbol; the optional triangle updates see only two-column
+aggregates). With the tag added to x_i, the rule is again a one-to-one map between two columns,
+which the test of the pairwise rule can check (tests).
 
 Splits: the held-out split is the set of contact maps whose hash falls in the first
 ``eval_fraction`` of 1000 buckets (a fixed random table of per-pair keys, summed over the map's
@@ -161,7 +162,8 @@ def draw_contacts(cfg: PairTaskConfig, generator: torch.Generator) -> Tensor:
 
 def draw_pairs(cfg: PairTaskConfig, generator: torch.Generator, batch_size: int,
                split: str = "train") -> tuple[Tensor, Tensor]:
-    """A batch of (msa (B, R, C) int64 in [0, n_symbols), contacts (B, C, C) bool) from ``split`` ("train" or "eval")."""
+    """A batch of (msa (B, R, C) int64 in [0, n_symbols), contacts (B, C, C) bool) from ``split``
+    ("train" or "eval")."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}; choose one of {SPLITS}")
     if batch_size < 1:

@@ -25,4 +25,6 @@ __all__ = ["attention", "explain", "available_backends", "get_backend", "registe
            "choose_backend", "masks", "StructuredBias", "FunctionBias",
            # approximate (linear) attention and its recurrent form; the sparse kernel with its counter
            "linear_attention", "favor_attention", "FavorFeatures", "EluFeatures",
-           "LinearAttentionState", "absorb", "step", "sparse_attention", "SparseStats"]
+           "LinearAttentionState", "absorb", "step", "sparse_attention", "SparseStats",
+           # context parallel attention over torch.distributed
+           "ring_attention"]

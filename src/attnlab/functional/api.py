@@ -1,14 +1,17 @@
 """``attention``: one entry point over every backend; ``explain``: why "auto" picks what it picks."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .backends.reference import reference_attention
-from .backends.sdpa import sdpa_kernel_kind
+from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
+from .backends.tiled_plan import skip_grid
 from .bias import StructuredBias
 from .dropout import new_seed
 from .masks import EMPTY, DenseMask
@@ -45,17 +48,16 @@ def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
 
 
 def _skippable(req: AttentionRequest) -> float:
-    """Fraction of (query tile, key tile) pairs the mask leaves empty (0 without a mask)."""
+    """Fraction of the tiled kernel's tiles (``tiled_plan.skip_grid``) the mask leaves empty (0 without a mask)."""
     if req.mask is None:
         return 0.0
-    _, _, _, L, S, _, _ = req.shape
-    kinds = req.mask.tile_kinds(L, S, 256, 64)
+    kinds = req.mask.tile_kinds(req.shape.L, req.shape.S, *skip_grid(req.q.dtype, req.mask))
     return float((kinds == EMPTY).float().mean())
 
 
 def _auto(req: AttentionRequest) -> tuple[str, str]:
     """(backend name, reason) for the fastest exact backend that honours ``req``."""
-    _, _, _, L, S, _, _ = req.shape
+    L, S = req.shape.L, req.shape.S
     if req.q.is_meta:
         return "reference", "meta tensors carry no data: the reference formula gives the output's shape and dtype"
     runnable = {b.name for b, why in _candidates(req) if why is None}
@@ -108,8 +110,31 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
     for name in ("sdpa", "reference"):
         if name in runnable:
             return name, "the only exact backend that honours this request"
-    raise ValueError(f"no exact backend can compute this request: "
+    raise ValueError("no exact backend can compute this request: "
                      + "; ".join(f"{b.name}: {why}" for b, why in _candidates(req) if why))
+
+
+def _plain_small(q, k, v, causal, scale) -> bool:
+    """Is this a request ``make_request`` would accept and ``_auto`` send to SDPA's flash kernel, with
+    nothing for attnlab to add (no mask, bias, dropout or GQA; S >= NAN_SAFE_S; at most SMALL_PROBLEM
+    scores per head)? Then ``attention`` calls SDPA directly: validating and choosing through the
+    request costs ~10 us, as much as the whole attention of a 128-token head (tests/test_dispatch.py
+    keeps this predicate and ``_auto`` in step)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+        return False
+    B, H, L, D = q.shape
+    S = k.shape[2]
+    return (q.dtype in _PLAIN_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+            and q.is_cpu and k.is_cpu and v.is_cpu
+            and k.shape == v.shape == (B, H, S, D) and D > 0 and L > 0
+            and NAN_SAFE_S <= S and L * S <= SMALL_PROBLEM
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+            and (causal is False or (causal is True and L == S))
+            and (scale is None or (type(scale) is float and math.isfinite(scale))))
+
+
+_PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
 def choose_backend(req: AttentionRequest, backend: str) -> Backend:
@@ -155,10 +180,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
         out = attention(q, k, v, causal=True)                      # (2, 8, 128, 64)
         out, w = attention(q, k, v, mask=masks.window(16, 0), return_weights=True)
     """
+    if (backend == "auto" and mask is None and bias is None and softcap is None and return_weights is False
+            and type(dropout_p) in (float, int) and dropout_p == 0 and _plain_small(q, k, v, causal, scale)):
+        # auto's own pick, called as the sdpa backend calls it, without building the request
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal is True,
+                                              scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     req = make_request(q, k, v, mask=mask, causal=causal, bias=bias, scale=scale, dropout_p=dropout_p,
                        return_weights=return_weights, softcap=softcap)
     chosen = choose_backend(req, backend)
-    _, _, _, L, S, _, _ = req.shape
+    L, S = req.shape.L, req.shape.S
     seed = new_seed() if req.dropout_p > 0.0 else None
     fn = chosen.fn
     if L == 0 or S == 0:

@@ -68,6 +68,14 @@ class StructuredBias:
             return None
         return relative_table(self, L, S)[:, :, None, :], L - 1
 
+    def distance_slopes(self) -> "Tensor | None":
+        """Per-head slopes m (H,) when the bias is exactly -m_h |i - j| (ALiBi), else None.
+
+        Kernels that can compute that form from the slopes alone (the Triton kernel) ask this
+        instead of knowing positional schemes by name.
+        """
+        return None
+
     def check(self, B: int, H: int, L: int, S: int) -> None:
         probe = self.block(0, min(L, 1), 0, min(S, 1), L, S)
         if probe.dim() != 4 or probe.shape[0] not in (1, B) or probe.shape[1] not in (1, H):

@@ -217,7 +217,9 @@ class DocumentMask(Mask):
 
     def row_spans(self, L, S):
         ids = self.ids                                                   # (Bm, S)
-        if S == 0:
+        if S == 0 or torch.compiler.is_compiling():
+            # the contiguity check below reads the ids, and a graph cannot branch on data: compiled,
+            # the mask goes the dense (bit-packed) way, which is exact for any ids
             return None
         change = torch.ones_like(ids, dtype=torch.bool)
         change[:, 1:] = ids[:, 1:] != ids[:, :-1]                        # (Bm, S) a run starts here

@@ -213,7 +213,8 @@ class GlobalWindowMask(Mask):
         band_empty, _ = _band(p0, p1, c0, c1, self.half, self.half)
         pos, keys = torch.arange(L) + (S - L), torch.arange(S)
         g_row, g_col = self._is_global(pos), self._is_global(keys)
-        any_g = tile_reduce(g_row, tile_q, False, torch.any)[:, None] | tile_reduce(g_col, tile_k, False, torch.any)[None, :]
+        any_g = (tile_reduce(g_row, tile_q, False, torch.any)[:, None]
+                 | tile_reduce(g_col, tile_k, False, torch.any)[None, :])
         # Full iff every non-global row sees every non-global key through the window.
         nr_lo = tile_reduce(torch.where(g_row, _BIG, pos), tile_q, _BIG, torch.amin)[:, None]
         nr_hi = tile_reduce(torch.where(g_row, -_BIG, pos), tile_q, -_BIG, torch.amax)[:, None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
@@ -16,9 +16,20 @@ from torch import Tensor
 from . import masks as M
 from .bias import StructuredBias
 
-__all__ = ["AttentionRequest", "make_request"]
+__all__ = ["AttentionRequest", "AttentionShape", "make_request"]
 
 Bias = Union[Tensor, StructuredBias]
+
+
+class AttentionShape(NamedTuple):
+    """The sizes of one attention call; read them by name (``req.shape.L``) or unpack all seven."""
+    B: int                         # batch
+    H: int                         # query heads
+    Hkv: int                       # key/value heads (H % Hkv == 0)
+    L: int                         # query length
+    S: int                         # key/value length
+    D: int                         # q/k head dim
+    Dv: int                        # v head dim
 
 
 @dataclass
@@ -34,10 +45,10 @@ class AttentionRequest:
     softcap: Optional[float] = None  # scores become softcap * tanh(scores / softcap) before bias and mask
 
     @property
-    def shape(self) -> tuple[int, int, int, int, int, int, int]:
-        """(B, H, Hkv, L, S, D, Dv)."""
+    def shape(self) -> AttentionShape:
+        """(B, H, Hkv, L, S, D, Dv), by name: ``req.shape.S``."""
         B, H, L, D = self.q.shape
-        return B, H, self.k.shape[1], L, self.k.shape[2], D, self.v.shape[3]
+        return AttentionShape(B, H, self.k.shape[1], L, self.k.shape[2], D, self.v.shape[3])
 
     @property
     def is_causal_only(self) -> bool:

@@ -225,7 +225,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kp, ring, causal, scale, layout):
         B, H, Ln, D = q.shape
-        Hkv, Sn, Dv = k.shape[1], k.shape[2], v.shape[3]
+        Hkv, Dv = k.shape[1], v.shape[3]
         acc = accum_dtype(q.dtype)
         q5 = q.detach().to(acc).unflatten(1, (Hkv, H // Hkv))         # (B, Hkv, G, Ln, D)
         out = q5.new_zeros(*q5.shape[:-1], Dv)                          # (B, Hkv, G, Ln, Dv)

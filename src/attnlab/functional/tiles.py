@@ -16,13 +16,15 @@ on it. Example::
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 __all__ = ["EMPTY", "PARTIAL", "FULL", "classify", "tile_bounds", "interval_kinds", "tile_reduce",
-           "interval_spans", "intersect_spans"]
+           "interval_spans", "intersect_spans", "old_tile_names"]
 
 # Tile kinds. Ordered so that the kind of (a & b) is min(kind(a), kind(b)).
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -77,3 +79,19 @@ def intersect_spans(a: Tensor, b: Tensor) -> Tensor:
     lo = torch.maximum(a[..., :, None, 0], b[..., None, :, 0])           # (Bm, L, Ka, Kb)
     hi = torch.minimum(a[..., :, None, 1], b[..., None, :, 1])
     return torch.stack([lo, torch.maximum(lo, hi)], -1).flatten(-3, -2)  # (Bm, L, Ka*Kb, 2)
+
+
+def old_tile_names(kernel: Callable) -> Callable:
+    """Let ``kernel`` still take its tile sizes as ``block_q=`` / ``block_k=`` (their names before
+    ``tile_q`` / ``tile_k``), with a FutureWarning; both spellings at once are a TypeError."""
+    @functools.wraps(kernel)
+    def wrapper(*args, **kwargs):
+        for old, new in (("block_q", "tile_q"), ("block_k", "tile_k")):
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{kernel.__name__}() got {old}= and {new}=: {old} is the old name of {new}")
+                warnings.warn(f"{kernel.__name__}({old}=...) is deprecated: the argument is now {new}",
+                              FutureWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+        return kernel(*args, **kwargs)
+    return wrapper

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from .bias import StructuredBias
-from .masks import EMPTY, FULL, PARTIAL, Mask, _spans, _tile_starts
+from .mask_base import Mask
+from .tiles import classify, interval_spans, tile_bounds
 
 __all__ = ["SequenceMask", "varlen", "padded", "aligned", "AlignedBias"]
 
@@ -107,37 +108,35 @@ class SequenceMask(Mask):
         kpos = torch.where(kin, j - ks, 0).sum(-1)
         return qpos, kpos
 
-    def block(self, r0, r1, c0, c1, L, S):
+    def tile(self, r0, r1, c0, c1, L, S):
         lo, hi = self.row_bounds(L, S)
         j = torch.arange(c0, c1)[None, None, :]
         return ((j >= lo[:, r0:r1, None]) & (j <= hi[:, r0:r1, None]))[:, None]   # (Bm, 1, lr, lc)
 
-    def tile_kinds(self, L, S, block_q, block_k):
+    def tile_kinds(self, L, S, tile_q, tile_k):
         lo, hi = self.row_bounds(L, S)                                           # (Bm, L)
-        _, _, c0, c1 = _tile_starts(L, S, block_q, block_k)                      # (1, nk)
-        nq = -(-L // block_q)
-        pad = nq * block_q - L
+        _, _, c0, c1 = tile_bounds(L, S, tile_q, tile_k)                         # (1, nk)
+        nq = -(-L // tile_q)
+        pad = nq * tile_q - L
         # padded rows count as "sees every key" for FULL and "sees none" for EMPTY: never a verdict change
-        lo_f = torch.nn.functional.pad(lo, (0, pad), value=-_BIG).view(-1, nq, block_q, 1)
-        hi_f = torch.nn.functional.pad(hi, (0, pad), value=_BIG).view(-1, nq, block_q, 1)
-        lo_e = torch.nn.functional.pad(lo, (0, pad), value=_BIG).view(-1, nq, block_q, 1)
-        hi_e = torch.nn.functional.pad(hi, (0, pad), value=-_BIG).view(-1, nq, block_q, 1)
+        lo_f = torch.nn.functional.pad(lo, (0, pad), value=-_BIG).view(-1, nq, tile_q, 1)
+        hi_f = torch.nn.functional.pad(hi, (0, pad), value=_BIG).view(-1, nq, tile_q, 1)
+        lo_e = torch.nn.functional.pad(lo, (0, pad), value=_BIG).view(-1, nq, tile_q, 1)
+        hi_e = torch.nn.functional.pad(hi, (0, pad), value=-_BIG).view(-1, nq, tile_q, 1)
         c0, c1 = c0.view(1, 1, 1, -1), c1.view(1, 1, 1, -1)                    # (1, 1, 1, nk)
         full = ((lo_f <= c0) & (hi_f >= c1 - 1)).all(2)                          # (Bm, nq, nk)
         any_ = ((lo_e <= c1 - 1) & (hi_e >= c0) & (lo_e <= hi_e)).any(2)
-        kinds = torch.full(full.shape, PARTIAL, dtype=torch.int8)
-        kinds[full] = FULL
-        kinds[~any_] = EMPTY
-        return kinds
+        return classify(~any_, full)
 
     def row_spans(self, L, S):
         lo, hi = self.row_bounds(L, S)
         lo = lo.clamp(0, S)
-        return _spans(lo, (hi + 1).clamp(0, S).maximum(lo))
+        return interval_spans(lo, (hi + 1).clamp(0, S).maximum(lo))
 
     def __repr__(self):
         causal_only = self.left is None and self.right == 0 and "causal" in self.what
-        win = "" if (self.left is None and self.right is None) or causal_only else f", window=({self.left}, {self.right})"
+        plain = (self.left is None and self.right is None) or causal_only
+        win = "" if plain else f", window=({self.left}, {self.right})"
         return f"{self.what}{win})"
 
 

@@ -75,7 +75,8 @@ def _mask_of(attention_mask, query: Tensor, key: Tensor, is_causal: bool, slidin
         if attention_mask.dtype.is_floating_point:
             return None, attention_mask.to(query.dtype), None  # HF's additive 0 / finfo.min mask
     raise ValueError(f"attnlab attention got attention_mask of type {type(attention_mask).__name__}"
-                     f"{'' if not isinstance(attention_mask, Tensor) else f' shape {tuple(attention_mask.shape)} dtype {attention_mask.dtype}'}"
+                     f"{'' if not isinstance(attention_mask, Tensor) else f' shape {tuple(attention_mask.shape)}'}"
+                     f"{'' if not isinstance(attention_mask, Tensor) else f' dtype {attention_mask.dtype}'}"
                      f": expected the attnlab mask function's output (register() registers it), None, or a "
                      f"4-D bool / float mask (B, 1, L, S)")
 

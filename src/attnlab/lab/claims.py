@@ -82,7 +82,8 @@ class Claim:
             verdict = all_passed(self.checks)
             if self.passed is not None and bool(self.passed) != verdict:
                 raise ValueError(f"claim {self.id!r}: passed={self.passed} disagrees with its checks "
-                                 f"({'all' if verdict else 'not all'} passed); leave passed out and let the checks decide")
+                                 f"({'all' if verdict else 'not all'} passed); leave passed out and let the checks "
+                                 "decide")
             self.passed = verdict
         elif self.passed is None:
             raise ValueError(f"claim {self.id!r} has neither checks= (labelled requirements) nor passed=")

@@ -19,7 +19,7 @@ the sample is cut where the function ends (``cut_body``) and judged by ``body_pa
 
 Example::
 
-    stats = attention_stats(gpt, tokenizer, files, block_size=256)
+    stats = attention_stats(gpt, tokenizer, files, seq_len=256)
     stats["hit"][layer, head]                       # (pairs,): 1.0 where the strongest weight is on the match
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 from ..data.code_analysis import (bracket_pairs, body_parses, cut_body, def_use_pairs, function_prompts)
 from ..tasks.code import encode_with_offsets
 
-__all__ = ["DISTANCE_BINS", "distance_bin", "file_windows", "attention_weights", "attention_stats", "head_summary", "pick_prompts",
-           "syntax_samples"]
+__all__ = ["DISTANCE_BINS", "distance_bin", "file_windows", "attention_weights", "attention_stats", "head_summary",
+           "pick_prompts", "syntax_samples"]
 
 DISTANCE_BINS = [(1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 1 << 30)]
 _BRACKETS = set("()[]{}")
@@ -47,10 +47,10 @@ def distance_bin(d: int) -> str:
     raise ValueError(f"distance {d} must be >= 1")
 
 
-def file_windows(tokenizer, files, block_size: int, max_windows: Optional[int] = None) -> list[dict]:
-    """Non-overlapping windows of ``block_size`` tokens over each file, with the file's pairs mapped to tokens.
+def file_windows(tokenizer, files, seq_len: int, max_windows: Optional[int] = None) -> list[dict]:
+    """Non-overlapping windows of ``seq_len`` tokens over each file, with the file's pairs mapped to tokens.
 
-    Returns dicts: ids (list of block_size ints), brackets [(o, c, nested)], defuse [(first, last, q, kind)],
+    Returns dicts: ids (list of seq_len ints), brackets [(o, c, nested)], defuse [(first, last, q, kind)],
     opens (set of window positions holding an opening bracket), nearest {c: token of the nearest
     opening bracket before c's character} — all in window positions.
     """
@@ -65,9 +65,9 @@ def file_windows(tokenizer, files, block_size: int, max_windows: Optional[int] =
             uses = def_use_pairs(text)
         except (SyntaxError, ValueError):
             uses = []
-        for w0 in range(0, len(ids) - block_size + 1, block_size):
-            inside = lambda t: w0 <= t < w0 + block_size            # noqa: E731
-            win = {"ids": ids[w0:w0 + block_size], "brackets": [], "defuse": [], "nearest": {},
+        for w0 in range(0, len(ids) - seq_len + 1, seq_len):
+            inside = lambda t: w0 <= t < w0 + seq_len
+            win = {"ids": ids[w0:w0 + seq_len], "brackets": [], "defuse": [], "nearest": {},
                    "opens": {int(where[c]) - w0 for c in open_chars if inside(where[c])}}
             for p in pairs:
                 o, c = int(where[p.open]), int(where[p.close])
@@ -112,15 +112,15 @@ def _cat(parts: list, shape: tuple) -> np.ndarray:
     return np.concatenate(parts, axis=-1) if parts else np.zeros(shape + (0,))
 
 
-def attention_stats(model, tokenizer, files, block_size: int, max_windows: Optional[int] = None) -> dict:
+def attention_stats(model, tokenizer, files, seq_len: int, max_windows: Optional[int] = None) -> dict:
     """Every head's bracket and def → use measurements over ``files`` (see the module doc), all heads at once.
 
     Returns arrays over (layers, H, pairs): "hit", "w" (brackets), "du_w", "du_control", "du_hit"
     (def → use); per pair: "pair_d", "pair_nested", "nearest_hit", "du_d", "du_kind"; same-distance
     controls as {distance: (sum of weights (layers, H), count)} in "ctrl"; and "windows".
     """
-    windows = file_windows(tokenizer, files, block_size, max_windows)
-    shape = (len(model.blocks), model.cfg.n_head)
+    windows = file_windows(tokenizer, files, seq_len, max_windows)
+    shape = (len(model.blocks), model.cfg.n_heads)
     hit, w, du_w, du_c, du_hit = [], [], [], [], []
     ctrl: dict = {}
     out = {"pair_d": [], "pair_nested": [], "nearest_hit": [], "du_d": [], "du_kind": []}
@@ -161,7 +161,7 @@ def head_summary(stats: dict, layer: int, head: int) -> dict:
     d, nested = np.array(stats["pair_d"], dtype=int), np.array(stats["pair_nested"], dtype=bool)
     near = np.array(stats["nearest_hit"], dtype=float)
     ctrl_mean = {k: float(s[layer, head]) / n for k, (s, n) in stats["ctrl"].items()}
-    mean = lambda x: float(x.mean()) if len(x) else 0.0                              # noqa: E731
+    mean = lambda x: float(x.mean()) if len(x) else 0.0
     by_bin = {}
     for lo, hi in DISTANCE_BINS:
         sel = (d >= lo) & (d <= hi)

@@ -50,11 +50,11 @@ def show_code(checkpoint, text: Optional[str] = None, *, out: str = "runs/show",
         raise ValueError(f"{checkpoint} holds the LSTM baseline: it has no attention to draw; show the GPT")
     text = EXAMPLE if text is None else text
     ids, where = encode_with_offsets(tok, text)
-    if len(ids) > model.cfg.block_size:
-        raise ValueError(f"--text is {len(ids)} tokens, over the model's context of {model.cfg.block_size}")
+    if len(ids) > model.cfg.max_len:
+        raise ValueError(f"--text is {len(ids)} tokens, over the model's context of {model.cfg.max_len}")
     info = load_checkpoint(checkpoint).extra.get("data", {})
     held = code_files(info.get("max_bytes", 5_000_000))[1]
-    stats = attention_stats(model, tok, held[0::2], model.cfg.block_size, windows)
+    stats = attention_stats(model, tok, held[0::2], model.cfg.max_len, windows)
     W = attention_weights(model, [ids])[0]                                  # (layers, H, L, L)
     written = []
     pairs = [(int(where[p.open]), int(where[p.close])) for p in bracket_pairs(text)]

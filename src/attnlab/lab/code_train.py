@@ -122,6 +122,6 @@ def code_models(cfg: CodeTrainConfig, workdir: Path) -> CodeModels:
         models[arch], task = load_model(out)
         data = data or task.data
     bigram = BigramLM.from_ids(data.train_ids, data.tokenizer.vocab_size)
-    if CODE_PRESETS[cfg.preset]["block_size"] != models["gpt"].cfg.block_size:
+    if CODE_PRESETS[cfg.preset]["max_len"] != models["gpt"].cfg.max_len:
         raise ValueError("the reused GPT's context does not match its preset")
     return CodeModels(models["gpt"], models["lstm"], bigram, data, provenance)

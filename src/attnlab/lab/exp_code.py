@@ -86,8 +86,8 @@ def _stats(ctx: VerifyContext, cfg: CodeClaimConfig, m: CodeModels) -> dict:
     key = (str(ctx.workdir), cfg)
     if key not in _STATS:
         _STATS.clear()
-        block = m.gpt.cfg.block_size
-        _STATS[key] = {half: attention_stats(m.gpt, m.data.tokenizer, m.data.heldout_half(half), block, cfg.windows)
+        context = m.gpt.cfg.max_len
+        _STATS[key] = {half: attention_stats(m.gpt, m.data.tokenizer, m.data.heldout_half(half), context, cfg.windows)
                        for half in ("select", "test")}
     return _STATS[key]
 
@@ -147,8 +147,9 @@ def judge_def_use(s: dict, ratio: float, beats: float, min_pairs: int) -> list[C
 
 def best_head(stats: dict, score) -> tuple[int, int]:
     """(layer, head) maximising ``score(head_summary)`` over every head."""
-    n_layer, n_head = stats["shape"]
-    return max(((l, h) for l in range(n_layer) for h in range(n_head)), key=lambda lh: score(head_summary(stats, *lh)))
+    n_layers, n_heads = stats["shape"]
+    return max(((l, h) for l in range(n_layers) for h in range(n_heads)),
+               key=lambda lh: score(head_summary(stats, *lh)))
 
 
 def _bracket_score(s: dict) -> float:
@@ -178,7 +179,7 @@ def claim_code_syntax(ctx: VerifyContext) -> Claim:
     """A code GPT completes held-out functions with valid syntax more often than an LSTM or a bigram model."""
     cfg = _config(ctx)
     m = _models(ctx, cfg)
-    prompts = pick_prompts(m.data.tokenizer, m.data.heldout_half("test"), cfg.prompts, m.gpt.cfg.block_size // 2)
+    prompts = pick_prompts(m.data.tokenizer, m.data.heldout_half("test"), cfg.prompts, m.gpt.cfg.max_len // 2)
     samples, rates, finished = {}, {}, {}
     for name, model in (("gpt", m.gpt), ("lstm", m.lstm), ("bigram", m.bigram)):
         samples[name] = syntax_samples(model, m.data.tokenizer, prompts, max_new_tokens=cfg.max_new_tokens,
@@ -245,7 +246,7 @@ def claim_code_brackets(ctx: VerifyContext) -> Claim:
         "code-brackets", "Code: a bracket-matching head, by distance and nesting",
         statement="Self-attention learns the matching of opening and closing brackets.",
         criterion=f"the head with the best bracket accuracy on the 'select' half of the held-out files, measured "
-                  f"on the 'test' half ({st['test']['windows']} windows of {m.gpt.cfg.block_size} tokens)",
+                  f"on the 'test' half ({st['test']['windows']} windows of {m.gpt.cfg.max_len} tokens)",
         checks=checks,
         measurement={"layer": layer, "head": head, **{k: v for k, v in s.items() if k not in ("layer", "head")},
                      "models": m.provenance},

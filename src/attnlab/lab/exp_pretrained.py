@@ -336,7 +336,8 @@ def claim_heads_attend_differently(ctx: VerifyContext) -> Claim:
     trained, control = head_statistics(trained_w), head_statistics(control_w)
     spreads = {name: {"distance_p90_over_p10": round(quantile_spread(st["distance"]), 3),
                       "entropy_p90_over_p10": round(quantile_spread(st["entropy"]), 3),
-                      "distance_max_over_min": round(_spread(st["distance"]), 3), "distance_range": _range(st["distance"]),
+                      "distance_max_over_min": round(_spread(st["distance"]), 3),
+                      "distance_range": _range(st["distance"]),
                       "entropy_range": _range(st["entropy"])}
                for name, st in (("trained", trained), ("random_init", control))}
     d = torch.tensor(trained["distance"])                                 # (layers, heads)

@@ -202,13 +202,13 @@ def layer_head_grid(weights: ArrayLike, *, title: Optional[str] = None, cmap: st
         fig = layer_head_grid(maps.weights, title="MiniLM: every head")
     """
     w = _array(weights, (4,), "weights (layers, heads, L, S)")
-    n_layer, H = w.shape[:2]
-    fig = Figure(figsize=(H * panel_inches + 1.6, n_layer * panel_inches + 0.8), layout="constrained")
+    n_layers, H = w.shape[:2]
+    fig = Figure(figsize=(H * panel_inches + 1.6, n_layers * panel_inches + 0.8), layout="constrained")
     vmax = float(w.max()) or 1.0
     axes, im = [], None
-    for layer in range(n_layer):
+    for layer in range(n_layers):
         for h in range(H):
-            ax = fig.add_subplot(n_layer, H, layer * H + h + 1)
+            ax = fig.add_subplot(n_layers, H, layer * H + h + 1)
             im = _draw(ax, w[layer, h], vmin=0.0, vmax=vmax, cmap=cmap)
             ax.set_xticks([])
             ax.set_yticks([])

@@ -40,8 +40,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AttentionMaps", "InspectModel", "UnknownModelError", "InputTooLongError", "ModelLoadError", "attention_maps",
-           "attention_entropy", "list_models", "register_model", "load_model", "backend_choices",
+__all__ = ["AttentionMaps", "InspectModel", "UnknownModelError", "InputTooLongError", "ModelLoadError",
+           "attention_maps", "attention_entropy", "list_models", "register_model", "load_model", "backend_choices",
            "DEMO_GPT", "MAX_TOKENS"]
 
 MAX_TOKENS = 128                       # default cap: a 128 x 128 map is still readable on a page
@@ -86,11 +86,11 @@ class InspectModel:
         return [b.self_attn for b in blocks]
 
     @property
-    def n_layer(self) -> int:
+    def n_layers(self) -> int:
         return len(self.attn_layers)
 
     @property
-    def n_head(self) -> int:
+    def n_heads(self) -> int:
         return self.attn_layers[0].cfg.n_heads
 
 
@@ -141,7 +141,7 @@ def _load_toy(seed: int = 0) -> InspectModel:
     neither uniform nor one-hot, and the knobs visibly move them."""
     from ..models import Encoder, EncoderConfig
     from ..positional.absolute import sinusoidal
-    cfg = EncoderConfig(vocab_size=1024, d_model=64, n_layer=2, n_head=4, d_ff=128, max_position=256,
+    cfg = EncoderConfig(vocab_size=1024, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_len=256,
                         dropout=0.0, attn_dropout=0.0, mlm_head=False)
     model = Encoder(cfg)
     g = torch.Generator().manual_seed(seed)
@@ -151,7 +151,7 @@ def _load_toy(seed: int = 0) -> InspectModel:
                 p.copy_(torch.randn(p.shape, generator=g))
             elif p.dim() == 2:                                                # linear (out, in)
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
-        model.position_embeddings.weight.copy_(sinusoidal(cfg.max_position, cfg.d_model))   # (P, C)
+        model.position_embeddings.weight.copy_(sinusoidal(cfg.max_len, cfg.d_model))   # (P, C)
     model.position_embeddings.weight.requires_grad_(False)
     return InspectModel(model.eval(), WordTokenizer(cfg.vocab_size))
 
@@ -241,7 +241,7 @@ def list_models() -> list[dict]:
     out = []
     loaded = dict(_LOADED)
     for name, e in list(_REGISTRY.items()):
-        shape = (loaded[name].n_layer, loaded[name].n_head) if name in loaded else e.shape
+        shape = (loaded[name].n_layers, loaded[name].n_heads) if name in loaded else e.shape
         out.append(dict(name=name, description=e.description, layers=shape[0] if shape else None,
                         heads=shape[1] if shape else None, available=bool(e.available())))
     return out
@@ -335,9 +335,9 @@ def attention_maps(name: str, text: str, *, layer: Optional[int] = None, head: O
     if backend != "auto":
         get_backend(backend)                                       # ValueError listing the backends
     m = load_model(name)
-    layers, heads = _pick(layer, m.n_layer, "layer", name), _pick(head, m.n_head, "head", name)
+    layers, heads = _pick(layer, m.n_layers, "layer", name), _pick(head, m.n_heads, "head", name)
     tokens, ids = m.tokenize(text)
-    limit = min(max_tokens, getattr(m.model.cfg, "max_position", None) or m.model.cfg.block_size)
+    limit = min(max_tokens, m.model.cfg.max_len)
     if not tokens:
         raise ValueError(f"the text has no tokens for {name!r}: type words, not only spaces or symbols")
     if len(tokens) > limit:

@@ -39,7 +39,8 @@ body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; max-wid
 h1 { margin-bottom: .2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
 table { border-collapse: collapse; width: 100%; margin: 1em 0; }
 th, td { border: 1px solid #ddd; padding: .35em .6em; text-align: left; vertical-align: top; }
-th { background: #f4f4f6; } th:first-child { width: 22%; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f6; } th:first-child { width: 22%; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .badge { display: inline-block; padding: .05em .55em; border-radius: .8em; font-size: .8em; font-weight: 600;
          color: #fff; vertical-align: middle; }
 .pass .badge, .badge.pass { background: #1a7f37; } .fail .badge, .badge.fail { background: #cf222e; }

@@ -52,6 +52,9 @@ class AlibiBias(StructuredBias):
         dist = (i - j).abs().to(slopes.dtype)            # (lr, lc) absolute query minus key position
         return -slopes[:, None, None] * dist             # (H, lr, lc)
 
+    def distance_slopes(self) -> Tensor:
+        return self.params[0]
+
     def __repr__(self) -> str:
         return f"AlibiBias(heads={self.params[0].numel()})"
 

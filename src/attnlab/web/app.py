@@ -117,7 +117,7 @@ def _payload(maps, req: AttentionRequest) -> dict:
     ent = attention_entropy(w).mean(-1)                                       # (heads,) mean over query rows
     exact = {b["name"]: b["exact"] for b in backend_choices()}[maps.backend]
     loaded = load_model(maps.model)                                           # cached: the sizes for the page
-    return dict(model=maps.model, n_layers=loaded.n_layer, n_heads=loaded.n_head, backend=maps.backend,
+    return dict(model=maps.model, n_layers=loaded.n_layers, n_heads=loaded.n_heads, backend=maps.backend,
                 kernel=_kernel(loaded, maps.backend, L, req.positional), exact=exact, tokens=maps.tokens,
                 layer=maps.layers[0],
                 heads=maps.heads, weights=[[[round(v, 6) for v in row] for row in h] for h in w.tolist()],

@@ -16,11 +16,12 @@ Stabilizers (REFERENCES.md section 7): phi is computed as exp(log phi - c) with 
 for queries and ONE constant shared by the keys of a head (the max over keys and features); both
 cancel between numerator and normalizer. Causal, that key constant is a running max updated once
 per fused segment of rows (``linear_core``: the state is rescaled when it grows), and the
-recurrent form keeps a running max per token (``linear_recurrent``). No eps is added: every weight is positive, so the output is a convex
-combination of values and only a normalizer of exactly 0 (no key; or, for extreme inputs, every
-weight underflowing) needs care -- it gives 0. Departure from the reference implementation, which
-adds eps = 1e-4 to the *stabilized* features: there the output depends on the key constant, so in
-causal mode on future keys, and on how the sequence is split into prompt and decoded tokens.
+recurrent form keeps a running max per token (``linear_recurrent``). No eps is added: every
+weight is positive, so the output is a convex combination of values and only a normalizer of
+exactly 0 (no key; or, for extreme inputs, every weight underflowing) needs care -- it gives 0.
+Departure from the reference implementation, which adds eps = 1e-4 to the *stabilized* features:
+there the output depends on the key constant, so in causal mode on future keys, and on how the
+sequence is split into prompt and decoded tokens.
 
 How to choose FAVOR+ and its number of features::
 

@@ -129,7 +129,7 @@ def split_mask(mask: Optional[Mask], S: int, device) -> tuple[bool, Optional[Ten
         if isinstance(part, CausalMask):
             causal = True
         else:                                                     # PaddingMask (others are refused earlier)
-            k = part.block(0, 1, 0, S, 1, S)[:, 0, 0].to(device)[:, None, :, None]   # right or left padding
+            k = part.tile(0, 1, 0, S, 1, S)[:, 0, 0].to(device)[:, None, :, None]   # right or left padding
             keep = k if keep is None else keep & k                # (Bm, 1, S, 1)
     return causal, keep
 

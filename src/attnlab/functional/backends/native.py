@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..masks import Mask, intersect_spans, parts
 from ..registry import register_backend
@@ -53,7 +54,7 @@ def info() -> str:
 
 
 def default_tiles(dtype: torch.dtype, spans: Optional[Tensor]) -> tuple[int, int]:
-    """(block_q, block_k): query tile rows and key chunk columns.
+    """(tile_q, tile_k): query tile rows and key chunk columns.
 
     Measured at n = 8192, B=1 H=8 D=64 fp32 (docs/benchmarks.md, native tiles): rows that attend
     to many keys (no mask, causal, long documents) run fastest in tall 256-row tiles (bigger GEMMs);
@@ -148,15 +149,15 @@ def _last_contiguous(t: Tensor) -> Tensor:
 @torch.library.custom_op("attnlab::native_fwd", mutates_args=())
 def _fwd(q: Tensor, k: Tensor, v: Tensor, spans: Optional[Tensor], bits: Optional[Tensor], bias_kind: int,
          bias: Optional[Tensor], tW: int, tc0: int, scale: float, softcap: float, dropout_p: float, seed: int,
-         block_q: int, block_k: int) -> tuple[Tensor, Tensor]:
+         tile_q: int, tile_k: int) -> tuple[Tensor, Tensor]:
     spans, bits = _contiguous(spans), _contiguous(bits)
     out, lse = _native.forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
-                               block_q, block_k)
+                               tile_q, tile_k)
     return out, lse
 
 
 @_fwd.register_fake
-def _(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, block_q, block_k):
+def _(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, tile_q, tile_k):
     B, H, L, _ = q.shape
     return q.new_empty(B, H, L, v.shape[3]), q.new_empty(B, H, L, dtype=accum_dtype(q.dtype))
 
@@ -164,17 +165,17 @@ def _(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p,
 @torch.library.custom_op("attnlab::native_bwd", mutates_args=())
 def _bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, spans: Optional[Tensor],
          bits: Optional[Tensor], bias_kind: int, bias: Optional[Tensor], tW: int, tc0: int, scale: float,
-         softcap: float, dropout_p: float, seed: int, block_q: int, block_k: int,
+         softcap: float, dropout_p: float, seed: int, tile_q: int, tile_k: int,
          want_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     lse, delta, spans, bits = _contiguous(lse), _contiguous(delta), _contiguous(spans), _contiguous(bits)
     dq, dk, dv, dbias = _native.backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale,
-                                         softcap, dropout_p, seed, block_q, block_k, want_dbias)
+                                         softcap, dropout_p, seed, tile_q, tile_k, want_dbias)
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=dq.dtype)
 
 
 @_bwd.register_fake
 def _(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
-      block_q, block_k, want_dbias):
+      tile_q, tile_k, want_dbias):
     B, H, L, D = q.shape
     S, acc = k.shape[2], accum_dtype(q.dtype)
     if want_dbias and bias_kind == 1:
@@ -211,24 +212,24 @@ def _batch_of(x: Tensor, d: Optional[int]) -> int:
 
 @_fwd.register_vmap
 def _fwd_vmap(info, in_dims, q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
-              block_q, block_k):
+              tile_q, tile_k):
     n, B = info.batch_size, _batch_of(q, in_dims[0])
     qf, kf, vf = (_fold(t, d, n, B, False) for t, d in zip((q, k, v), in_dims[:3]))
     sf, bf = _fold(spans, in_dims[3], n, B, True), _fold(bits, in_dims[4], n, B, True)
     biasf = _fold(bias, in_dims[6], n, B, True)
-    out, lse = _fwd(qf, kf, vf, sf, bf, bias_kind, biasf, tW, tc0, scale, softcap, dropout_p, seed, block_q, block_k)
+    out, lse = _fwd(qf, kf, vf, sf, bf, bias_kind, biasf, tW, tc0, scale, softcap, dropout_p, seed, tile_q, tile_k)
     return (out.unflatten(0, (n, B)), lse.unflatten(0, (n, B))), (0, 0)
 
 
 @_bwd.register_vmap
 def _bwd_vmap(info, in_dims, q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
-              dropout_p, seed, block_q, block_k, want_dbias):
+              dropout_p, seed, tile_q, tile_k, want_dbias):
     n, B = info.batch_size, _batch_of(q, in_dims[0])
     folded = [_fold(t, d, n, B, False) for t, d in zip((q, k, v, dout, lse, delta), in_dims[:6])]
     sf, bf = _fold(spans, in_dims[6], n, B, True), _fold(bits, in_dims[7], n, B, True)
     biasf = _fold(bias, in_dims[9], n, B, True)
     dq, dk, dv, db = _bwd(*folded, sf, bf, bias_kind, biasf, tW, tc0, scale, softcap, dropout_p, seed,
-                          block_q, block_k, want_dbias)
+                          tile_q, tile_k, want_dbias)
     db_dim = 0 if db.numel() else None
     return ((dq.unflatten(0, (n, B)), dk.unflatten(0, (n, B)), dv.unflatten(0, (n, B)),
              db.unflatten(0, (n, B)) if db_dim == 0 else db), (0, 0, 0, db_dim))
@@ -277,8 +278,8 @@ class _NativeAttention(torch.autograd.Function):
 
 def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias: Optional[Bias] = None,
                    scale: float, softcap: Optional[float] = None, dropout_p: float = 0.0,
-                   dropout_seed: Optional[int] = None, block_q: Optional[int] = None,
-                   block_k: Optional[int] = None) -> tuple[Tensor, Tensor]:
+                   dropout_seed: Optional[int] = None, tile_q: Optional[int] = None,
+                   tile_k: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """(out (B, H, L, Dv), lse (B, H, L)): the kernel's output and natural log-sum-exp per row.
 
     Rows with nothing to attend to give 0 and lse = -inf. Differentiable in q, k, v and the bias
@@ -290,7 +291,7 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     dq, dk = default_tiles(q.dtype, spans)
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
-            int(block_q or dq), int(block_k or dk))
+            int(tile_q or dq), int(tile_k or dk))
     return _NativeAttention.apply(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), bias_t, spans, bits,
                                   args)
 
@@ -332,24 +333,26 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
 @register_backend("native", unsupported=_unsupported, available=lambda: _native is not None,
                   summary="compiled CPU kernel (C++, FlashAttention-2 fwd/bwd): one parallel region, skips "
                           "masked rows and tiles, O(n) memory")
+@old_tile_names
 def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias: Optional[Bias] = None,
                      scale: float, softcap: Optional[float] = None, dropout_p: float = 0.0,
                      dropout_seed: Optional[int] = None, return_weights: bool = False,
-                     block_q: Optional[int] = None, block_k: Optional[int] = None):
+                     tile_q: Optional[int] = None, tile_k: Optional[int] = None):
     """Exact attention in the compiled kernel.
 
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv), float32 / float64 / bfloat16 on the CPU.
         mask, bias, scale, softcap, dropout_p, dropout_seed, return_weights: as for the reference backend.
-        block_q, block_k: tile sizes (defaults: ``default_tiles``).
+        tile_q, tile_k: tile sizes (defaults: ``default_tiles``).
     Returns:
-        out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights (the reference's softmax of the same logits).
+        out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights (the reference's softmax
+        of the same logits).
     Example:
         q, k, v = (torch.randn(1, 8, 8192, 64) for _ in range(3))
         out = native_attention(q, k, v, mask=masks.window(256, 0), scale=0.125)
     """
     out, lse = native_forward(q, k, v, mask=mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                              dropout_seed=dropout_seed, block_q=block_q, block_k=block_k)
+                              dropout_seed=dropout_seed, tile_q=tile_q, tile_k=tile_k)
     if not return_weights:
         return out
     with torch.no_grad():

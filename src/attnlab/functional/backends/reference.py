@@ -80,7 +80,8 @@ def attention_probs(q: Tensor, k: Tensor, *, mask: Optional[Mask], bias: Optiona
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     check_scores_fit(B, H, L, S, q.dtype, q.device)
-    k = k.repeat_interleave(H // Hkv, dim=1)                           # (B, H, S, D): query head h uses kv head h // (H/Hkv)
+    # query head h uses kv head h // (H/Hkv)
+    k = k.repeat_interleave(H // Hkv, dim=1)                           # (B, H, S, D)
     scores = (q @ k.transpose(-2, -1)) * scale                         # (B, H, L, S), in the input dtype
     logits = softcap_scores(scores.to(accum_dtype(q.dtype)), softcap)  # softmax in fp32 (fp64 for fp64)
     b = dense_bias(bias, L, S)

@@ -1,6 +1,6 @@
 """The sparse backend: exact block-sparse attention that gathers only the key blocks a mask needs.
 
-For every query block (``block_q`` rows) the schedule (``sparse_layout``) lists the key blocks
+For every query block (``tile_q`` rows) the schedule (``sparse_layout``) lists the key blocks
 that the mask's tile kinds mark non-empty, padded to the longest list. A chunk of query blocks
 is then computed with one batched matmul over (batch, kv head, query block):
 
@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..dropout import keep_at
 from ..masks import Mask
@@ -48,7 +49,7 @@ LN2 = 0.6931471805599453
 
 
 def default_blocks(mask: Optional[Mask]) -> tuple[int, int]:
-    """(block_q, block_k): the pattern's own block for block layouts (BigBird, block_sparse), else 64 x 64."""
+    """(tile_q, tile_k): the pattern's own block for block layouts (BigBird, block_sparse), else 64 x 64."""
     if isinstance(mask, BlockLayoutMask) and 16 <= mask.block_size <= 256:
         return mask.block_size, mask.block_size
     return 64, 64
@@ -95,7 +96,7 @@ class _Problem:
         bias_s, layout, scale = spec.bias_s, spec.layout, spec.scale
         B, H, L, D = q.shape
         Hkv, S = k.shape[1], k.shape[2]
-        bq, bk = layout.block_q, layout.block_k
+        bq, bk = layout.tile_q, layout.tile_k
         nq, nk = -(-L // bq), -(-S // bk)
         G = H // Hkv
         self.dims = (B, H, Hkv, G, L, S, D, v.shape[3])
@@ -125,7 +126,7 @@ class _Problem:
 
     def positions(self, ch: Chunk):
         """Absolute query rows (C, bq) and key columns (C, K, bk) of a chunk (unclamped)."""
-        bq, bk = self.layout.block_q, self.layout.block_k
+        bq, bk = self.layout.tile_q, self.layout.tile_k
         return ch.qsel[:, None] * bq + torch.arange(bq), ch.idx[:, :, None] * bk + torch.arange(bk)
 
     def bias_chunk(self, bs, ch: Chunk, params=None) -> Optional[Tensor]:
@@ -152,7 +153,7 @@ class _Problem:
         and the query chunk and gathered keys and values (Bg * Hkv * C, G * bq | K * bk, D | Dv).
         With a softcap, ``self.tanh`` keeps this chunk's tanh for the backward's 1 - tanh^2."""
         B, H, Hkv, G, L, S, D, Dv = self.dims
-        bq, bk = self.layout.block_q, self.layout.block_k
+        bq, bk = self.layout.tile_q, self.layout.tile_k
         dev = self.qb.device
         C, K = ch.idx.shape
         ix = ch.idx.to(dev)
@@ -194,7 +195,7 @@ def _flat(x: Tensor) -> Tensor:
 def _forward(pb: _Problem, want_weights: bool):
     B, H, Hkv, G, L, S, D, Dv = pb.dims
     dt, acc = pb.qb.dtype, accum_dtype(pb.qb.dtype)
-    nq, bq, bk = pb.qb.shape[2], pb.layout.block_q, pb.layout.block_k
+    nq, bq, bk = pb.qb.shape[2], pb.layout.tile_q, pb.layout.tile_k
     out = pb.qb.new_zeros(B, Hkv, nq, G, bq, Dv, dtype=acc)
     lse = pb.qb.new_full((B, Hkv, nq, G, bq), float("-inf"), dtype=acc)
     w7 = pb.qb.new_zeros(B, Hkv, G, nq, bq, pb.kb.shape[2], bk, dtype=acc) if want_weights else None
@@ -225,7 +226,7 @@ def _forward(pb: _Problem, want_weights: bool):
 def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: bool):
     B, H, Hkv, G, L, S, D, Dv = pb.dims
     dt, acc = pb.qb.dtype, accum_dtype(pb.qb.dtype)
-    bq, bk = pb.layout.block_q, pb.layout.block_k
+    bq, bk = pb.layout.tile_q, pb.layout.tile_k
     delta = (dout.to(acc) * out).sum(-1)                            # (B, Hkv, nq, G, bq)
     lse = torch.where(lse == float("-inf"), float("inf"), lse)      # empty rows recompute P = 0
     dq = torch.zeros(pb.qb.shape, dtype=acc, device=pb.qb.device)
@@ -311,7 +312,7 @@ class _SparseAttention(torch.autograd.Function):
         def run(dout, q, k, v, bias_t, out, lse, *params):
             pb = _Problem(spec, q, k, v, bias_t, tuple(params))
             B, H, Hkv, G, L, S, D, Dv = pb.dims
-            nq, bq = out.shape[2], pb.layout.block_q
+            nq, bq = out.shape[2], pb.layout.tile_q
             dout = torch.nn.functional.pad(dout, (0, 0, 0, nq * bq - L))
             dout = dout.reshape(B, Hkv, G, nq, bq, Dv).transpose(2, 3).contiguous()      # (B, Hkv, nq, G, bq, Dv)
             dq, dk, dv, dbias, dparams = _backward(pb, out, lse, dout.to(q.dtype), want_bias)
@@ -329,17 +330,18 @@ class _SparseAttention(torch.autograd.Function):
 
 @register_backend("sparse", summary="exact block-sparse kernel: gathers only the key blocks the mask needs, "
                                     "batched over query blocks; O(n * w) time and memory")
+@old_tile_names
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
                      bias: Optional[Bias] = None, scale: Optional[float] = None, dropout_p: float = 0.0,
                      dropout_seed: Optional[int] = None, return_weights: bool = False,
-                     block_q: Optional[int] = None, block_k: Optional[int] = None,
+                     tile_q: Optional[int] = None, tile_k: Optional[int] = None,
                      stats: Optional[SparseStats] = None, softcap: Optional[float] = None):
     """Exact attention computed only on the (query block x key block) pairs the mask leaves non-empty.
 
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
         mask, bias, scale, dropout_p, dropout_seed, return_weights, softcap: as for the reference backend.
-        block_q, block_k: block sizes (default 64 x 64, or a block pattern's own block).
+        tile_q, tile_k: block sizes (default 64 x 64, or a block pattern's own block).
         stats: if given, filled with the blocks computed, masked and padded (a count, not a time).
     Returns:
         out (B, H, L, Dv); with return_weights also the (B, H, L, S) weights.
@@ -351,12 +353,12 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     S = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dq_, dk_ = default_blocks(mask)
-    block_q, block_k = (dq_ if block_q is None else block_q), (dk_ if block_k is None else block_k)
-    for name, val in (("block_q", block_q), ("block_k", block_k)):
+    tile_q, tile_k = (dq_ if tile_q is None else tile_q), (dk_ if tile_k is None else tile_k)
+    for name, val in (("tile_q", tile_q), ("tile_k", tile_k)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"sparse backend: {name}={val!r} must be a positive int")
     static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
-    layout = make_layout(mask, B, H, L, S, block_q, block_k, CHUNK_SCORES, static=static)
+    layout = make_layout(mask, B, H, L, S, tile_q, tile_k, CHUNK_SCORES, static=static)
     if stats is not None:
         stats.add(layout.stats)
     bias_t = bias if isinstance(bias, Tensor) else None

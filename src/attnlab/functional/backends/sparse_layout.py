@@ -11,7 +11,7 @@ with one element mask per query block (exact, no skipping).
 
 Example::
 
-    lay = make_layout(masks.window(128, 128), B=1, H=8, L=4096, S=4096, block_q=64, block_k=64)
+    lay = make_layout(masks.window(128, 128), B=1, H=8, L=4096, S=4096, tile_q=64, tile_k=64)
     lay.groups[0][1][0].idx.shape     # (C, 6): query blocks of the first chunk, 6 key blocks each
 """
 from __future__ import annotations
@@ -56,8 +56,8 @@ class Chunk:
 @dataclass
 class Layout:
     groups: list[tuple[slice, list[Chunk]]]     # batch slice -> its chunks
-    block_q: int
-    block_k: int
+    tile_q: int
+    tile_k: int
     stats: SparseStats = field(default_factory=SparseStats)
 
 
@@ -156,30 +156,30 @@ def _static_chunks(mask: Optional[Mask], L: int, S: int, bq: int, bk: int, B: in
     return chunks
 
 
-def make_layout(mask: Optional[Mask], B: int, H: int, L: int, S: int, block_q: int, block_k: int,
+def make_layout(mask: Optional[Mask], B: int, H: int, L: int, S: int, tile_q: int, tile_k: int,
                 budget: int = 1 << 21, static: bool = False) -> Layout:
     """The chunks of a (B, H, L, S) problem, per distinct per-example mask schedule; ``budget``
     bounds the score entries of one chunk (all heads and examples together). ``static``: a layout
     from the shapes alone (``_static_chunks``), for torch.compile."""
-    nq, nk = -(-L // block_q), -(-S // block_k)
+    nq, nk = -(-L // tile_q), -(-S // tile_k)
     if static:
         stats = SparseStats()
-        return Layout([(slice(0, B), _static_chunks(mask, L, S, block_q, block_k, B, H, budget, stats))],
-                      block_q, block_k, stats)
+        return Layout([(slice(0, B), _static_chunks(mask, L, S, tile_q, tile_k, B, H, budget, stats))],
+                      tile_q, tile_k, stats)
     if mask is None:
         kinds = torch.full((1, nq, nk), FULL, dtype=torch.int8)
     else:
-        kinds = mask.tile_kinds(L, S, block_q, block_k)           # (Bm, nq, nk)
+        kinds = mask.tile_kinds(L, S, tile_q, tile_k)           # (Bm, nq, nk)
     if kinds.shape[0] > 1 and bool((kinds == kinds[:1]).all()):
         kinds = kinds[:1]                                         # one schedule serves every example
     stats, cache = SparseStats(), {}
     if kinds.shape[0] == 1:
-        groups = [(slice(0, B), _chunks(kinds[0], mask, slice(0, B), L, S, block_q, block_k, B, H, budget,
+        groups = [(slice(0, B), _chunks(kinds[0], mask, slice(0, B), L, S, tile_q, tile_k, B, H, budget,
                                         stats, cache))]
     else:
-        groups = [(slice(b, b + 1), _chunks(kinds[b], mask, slice(b, b + 1), L, S, block_q, block_k, 1, H, budget,
+        groups = [(slice(b, b + 1), _chunks(kinds[b], mask, slice(b, b + 1), L, S, tile_q, tile_k, 1, H, budget,
                                             stats, cache)) for b in range(kinds.shape[0])]
-    return Layout(groups, block_q, block_k, stats)
+    return Layout(groups, tile_q, tile_k, stats)
 
 
 def chunk_allowed(ch: Chunk, S: int, bk: int) -> Optional[Tensor]:

@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..dropout import keep_mask
 from ..masks import Mask
@@ -423,17 +424,18 @@ def _weights(pb: _Problem, lse2: Tensor) -> Tensor:
 
 @register_backend("tiled", summary="exact tiled online-softmax kernel (FlashAttention-2 style), O(n) memory, "
                                    "skips empty mask tiles")
+@old_tile_names
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None,
                     bias: Optional[Bias] = None, scale: float, dropout_p: float = 0.0,
                     dropout_seed: Optional[int] = None, return_weights: bool = False,
-                    block_q: Optional[int] = None, block_k: Optional[int] = None,
+                    tile_q: Optional[int] = None, tile_k: Optional[int] = None,
                     stats: Optional[TileStats] = None, softcap: Optional[float] = None):
     """Exact attention over (query tile x key span) blocks; never materializes (L, S).
 
     Args:
         q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv).
         mask, bias, scale, dropout_p, dropout_seed, return_weights, softcap: as for the reference backend.
-        block_q, block_k: tile sizes (defaults: ``tiled_plan.tile_sizes``, tuned for CPU); block_k a multiple of 64.
+        tile_q, tile_k: tile sizes (defaults: ``tiled_plan.tile_sizes``, tuned for CPU); tile_k a multiple of 64.
         stats: if given, filled with the tiles computed, masked and skipped.
     Returns:
         out (B, H, L, Dv); with return_weights also (B, H, L, S) weights, recomputed from the LSE.
@@ -444,9 +446,9 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     dq, dk = tile_sizes(q.dtype, mask)
-    block_q, block_k = block_q or dq, block_k or dk
+    tile_q, tile_k = tile_q or dq, tile_k or dk
     static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
-    plan = make_plan(mask, B, L, S, block_q, block_k, min(FINE_K, block_k), static=static)
+    plan = make_plan(mask, B, L, S, tile_q, tile_k, min(FINE_K, tile_k), static=static)
     if stats is not None:
         stats.add(plan.stats)
     bias_t = bias if isinstance(bias, Tensor) else None

@@ -1,7 +1,7 @@
 """The tiled backend's schedule: which key spans each query tile visits, and which need masking.
 
 The structured mask classifies (query tile x fine key tile) pairs as EMPTY, PARTIAL or FULL.
-Runs of non-empty fine tiles are merged into spans of at most ``block_k`` keys, so a sliding
+Runs of non-empty fine tiles are merged into spans of at most ``tile_k`` keys, so a sliding
 window costs one or two matmuls per query tile and an unmasked row of a causal mask none at all.
 Masking work is done only on spans that contain a PARTIAL tile.
 
@@ -27,7 +27,7 @@ FINE_K = 64     # granularity (keys) at which the mask is classified; spans are 
 
 
 def tile_sizes(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
-    """(block_q, block_k): the tiled kernel's default row tile and key span, measured fastest on the
+    """(tile_q, tile_k): the tiled kernel's default row tile and key span, measured fastest on the
     2-core Zen 4 CI machine (docs/benchmarks.md).
 
     Wide tiles when whole rows are computed (no mask, causal); narrower row tiles for banded and
@@ -42,8 +42,8 @@ def tile_sizes(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
 def skip_grid(dtype: torch.dtype, mask: Optional[Mask]) -> tuple[int, int]:
     """(rows, keys) of the tiles the kernel classifies, and so skips, by default: its row tile by
     ``FINE_K`` keys. ``mask.tile_kinds(L, S, *skip_grid(dtype, mask))`` is what the kernel sees."""
-    block_q, block_k = tile_sizes(dtype, mask)
-    return block_q, min(FINE_K, block_k)
+    tile_q, tile_k = tile_sizes(dtype, mask)
+    return tile_q, min(FINE_K, tile_k)
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,14 @@ class Plan:
     stats: TileStats = field(default_factory=TileStats)
 
 
-def _row_tiles(kinds, L: int, S: int, block_q: int, block_k: int, fine_k: int,
+def _row_tiles(kinds, L: int, S: int, tile_q: int, tile_k: int, fine_k: int,
                stats: TileStats, examples: int) -> list[RowTile]:
     """Row tiles from one (nq, nk_fine) kinds table (a tensor or nested lists) shared by ``examples``
     batch entries."""
-    per_span = block_k // fine_k
+    per_span = tile_k // fine_k
     rows = []
     for t, row in enumerate(kinds.tolist() if isinstance(kinds, torch.Tensor) else kinds):
-        r0, r1 = t * block_q, min(L, (t + 1) * block_q)
+        r0, r1 = t * tile_q, min(L, (t + 1) * tile_q)
         spans, start, masked = [], None, []
         for f, kind in enumerate(row + [EMPTY]):           # sentinel closes the last run
             if start is not None and (kind == EMPTY or f - start == per_span):
@@ -111,30 +111,30 @@ def _row_tiles(kinds, L: int, S: int, block_q: int, block_k: int, fine_k: int,
     return rows
 
 
-def make_plan(mask: Optional[Mask], B: int, L: int, S: int, block_q: int, block_k: int,
+def make_plan(mask: Optional[Mask], B: int, L: int, S: int, tile_q: int, tile_k: int,
               fine_k: int, static: bool = False) -> Plan:
     """Schedule for a (B, ., L, S) problem: per batch group, row tiles with their key spans.
 
     ``static``: plan from the shapes alone (every tile of a mask PARTIAL, one group for the whole
     batch), never reading the mask's tensors -- what a torch.compile graph needs.
     """
-    if block_k % fine_k:
-        raise ValueError(f"block_k={block_k} must be a multiple of fine_k={fine_k}")
+    if tile_k % fine_k:
+        raise ValueError(f"tile_k={tile_k} must be a multiple of fine_k={fine_k}")
     stats = TileStats()
-    nq, nk = -(-L // block_q), -(-S // fine_k)
+    nq, nk = -(-L // tile_q), -(-S // fine_k)
     if mask is None:
         kinds = [[FULL] * nk] * nq
     elif static:
         kinds = [[PARTIAL] * nk] * nq
     else:
-        kinds = mask.tile_kinds(L, S, block_q, fine_k)      # (Bm, nq, nk)
+        kinds = mask.tile_kinds(L, S, tile_q, fine_k)      # (Bm, nq, nk)
     if isinstance(kinds, list):
-        return Plan([(slice(0, B), _row_tiles(kinds, L, S, block_q, block_k, fine_k, stats, B))], stats)
+        return Plan([(slice(0, B), _row_tiles(kinds, L, S, tile_q, tile_k, fine_k, stats, B))], stats)
     if kinds.shape[0] > 1 and bool((kinds == kinds[:1]).all()):
         kinds = kinds[:1]                                   # same schedule for every example: batch them
     if kinds.shape[0] == 1:
-        groups = [(slice(0, B), _row_tiles(kinds[0], L, S, block_q, block_k, fine_k, stats, B))]
+        groups = [(slice(0, B), _row_tiles(kinds[0], L, S, tile_q, tile_k, fine_k, stats, B))]
     else:
-        groups = [(slice(b, b + 1), _row_tiles(kinds[b], L, S, block_q, block_k, fine_k, stats, 1))
+        groups = [(slice(b, b + 1), _row_tiles(kinds[b], L, S, tile_q, tile_k, fine_k, stats, 1))
                   for b in range(kinds.shape[0])]
     return Plan(groups, stats)

@@ -20,6 +20,7 @@ CPU tensors (slowly: for tests).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -36,8 +37,8 @@ from ..dropout import _mix, new_seed
 from ..masks import Mask
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
+from .func_rules import reduce_to as _reduce_to
 from .reference import attention_probs, reference_attention
-from .tiled import _reduce_to
 from .tiled_plan import TileStats
 from . import triton_attn_plan as P
 
@@ -71,9 +72,16 @@ def _interpreted() -> bool:
     return (mod.INTERPRETED if mod is not None else True) and _interpret_env()
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    # Asked on every auto dispatch: the import system's search costs ~150 us, more than a small
+    # attention call; packages do not appear in a running process, so the answer is kept.
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_unavailable(device: Optional[torch.device] = None) -> Optional[str]:
     """Why the triton backend cannot run here (on ``device``, if given), or None."""
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "the triton package is not installed (pip install 'attnlab[gpu]')"
     if _interpreted():
         return None
@@ -92,7 +100,7 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
     if req.softcap is not None:
         return (f"softcap={req.softcap}: the triton kernels do not cap scores yet; use backend='tiled' "
                 f"(or 'sparse', 'reference')")
-    B, H, _, _, _, D, Dv = req.shape
+    B, H, D, Dv = req.shape.B, req.shape.H, req.shape.D, req.shape.Dv
     if B * H > MAX_GRID_Y:
         return f"B * H = {B * H} programs exceed CUDA's grid limit of {MAX_GRID_Y}: split the batch"
     if req.q.dtype not in DTYPES:
@@ -297,8 +305,7 @@ def prefer_triton(req: AttentionRequest) -> Optional[str]:
     """
     if not req.q.is_cuda or _unsupported(req) is not None or req.return_weights:
         return None
-    _, _, _, L, S, _, _ = req.shape
-    if req.bias is None and (req.mask is None or (req.is_causal_only and L == S)):
+    if req.bias is None and (req.mask is None or (req.is_causal_only and req.shape.L == req.shape.S)):
         return None
     return ("CUDA with a mask or bias: the fused triton kernel skips empty tiles and computes structured masks "
             "and biases in-kernel, where SDPA would need the dense (L, S) mask (rule not yet measured on a GPU)")

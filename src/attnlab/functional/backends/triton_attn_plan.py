@@ -14,7 +14,7 @@ tables of value-described masks -- none, causal, windows -- are then cached by `
   through its strides; a block layout (bigbird, block_sparse) through its (H|1, nI, nJ) table.
   Any other mask (strided, fixed, dilated, global, user masks) is ANDed into a *remainder*
   evaluated on the host for each of its PARTIAL tiles (``Mask.block``), deduplicated with
-  ``Mask.block_key`` and passed as (slots, B|1, H|1, block_m, block_n) bitmaps.
+  ``Mask.tile_key`` and passed as (slots, B|1, H|1, block_m, block_n) bitmaps.
 * **Biases.** A tensor is read in place through its strides (stride 0 on broadcast dims). A
   structured bias that depends on (head, j - i) only (ALiBi, T5, or ``relative = True``) becomes a
   (B|1, H|1, L + S - 1) table of its values per offset, evaluated by the bias's own ``block`` on
@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..bias import StructuredBias
+from ..bias import StructuredBias, relative_table
 from ..masks import EMPTY, FULL, PARTIAL, CausalMask, DenseMask, DocumentMask, Mask, PaddingMask, WindowMask, parts
 from ..patterns import BlockLayoutMask
 from .tiled_plan import TileStats
@@ -151,9 +151,9 @@ def _bitmaps(rest: Mask, nonempty: Tensor, L: int, S: int, bm: int, bn: int):
     blocks: list[Tensor] = []
     for qt, kt in need.nonzero().tolist():
         r0, r1, c0, c1 = qt * bm, min(L, qt * bm + bm), kt * bn, min(S, kt * bn + bn)
-        key = rest.block_key(r0, r1, c0, c1, L, S)
+        key = rest.tile_key(r0, r1, c0, c1, L, S)
         if key is None or key not in seen:
-            blk = rest.block(r0, r1, c0, c1, L, S).cpu()     # (B|1, H|1, lr|1, lc|1) bool
+            blk = rest.tile(r0, r1, c0, c1, L, S).cpu()     # (B|1, H|1, lr|1, lc|1) bool
             blk = blk.expand(-1, -1, r1 - r0, c1 - c0)          # rows/keys may broadcast (left padding)
             blocks.append(torch.nn.functional.pad(blk.to(torch.uint8), (0, bn - (c1 - c0), 0, bm - (r1 - r0))))
             if key is not None:
@@ -215,49 +215,28 @@ def compile_mask(mask: Optional[Mask], B: int, H: int, L: int, S: int, bm: int, 
     return kinds, MaskArgs(flags, (pads, docs, dense, lay, bitmap), params, slots)
 
 
-def _positional():
-    from ...positional.alibi import AlibiBias       # lazily: positional imports functional
-    from ...positional.t5 import T5BucketBias
-    return AlibiBias, T5BucketBias
-
-
 def is_relative(bias: StructuredBias) -> bool:
     """Does this structured bias depend on (head, j - i) only (so a per-offset table is exact)?"""
-    return isinstance(bias, _positional()) or getattr(bias, "relative", False) is True
+    return bias.relative is True
 
 
 def bias_form(bias, L: int, S: int) -> tuple[int, Optional[Tensor], bool, list[int]]:
     """How the kernels read ``bias``: (kind, tensor, is it a relative table, [offset, strides]).
 
-    kind 0: no bias; 1: a tensor (the bias itself, or a relative table); 2: ALiBi computed in
-    the kernel from its fp32 slopes (when they need no gradient: a table carries that).
+    kind 0: no bias; 1: a tensor (the bias itself, or a relative table); 2: -m_h |i - j| computed in
+    the kernel from fp32 slopes (``StructuredBias.distance_slopes``) when they need no gradient (a
+    table carries that).
     """
     if bias is None:
         return 0, None, False, [0] * 5
     if isinstance(bias, Tensor):
         return 1, bias, False, bias_strides(bias, False, L)
-    (slopes,) = bias.params if isinstance(bias, _positional()[0]) else (None,)
+    slopes = bias.distance_slopes()
     if (slopes is not None and slopes.dtype == torch.float32 and slopes.dim() == 1
             and not (torch.is_grad_enabled() and slopes.requires_grad)):
         return 2, slopes, False, [0, 0, slopes.stride(0) if slopes.numel() > 1 else 0, 0, 0]
     table = relative_table(bias, L, S)
     return 1, table, True, bias_strides(table, True, L)
-
-
-def relative_table(bias: StructuredBias, L: int, S: int) -> Tensor:
-    """(B|1, H|1, L + S - 1) values of a relative bias at offsets j - p = -(S - 1) ... L - 1.
-
-    Entry d + S - 1 holds the bias at offset d. The offsets <= 0 are read from the last query's
-    row, the others from the last key's column: only positions the mask math already uses.
-    Differentiable in the bias's parameters.
-    """
-    last_row = bias.block(L - 1, L, 0, S, L, S)              # (B|1, H|1, 1, S): d = -(S-1) .. 0
-    last_col = bias.block(0, L - 1, S - 1, S, L, S)          # (B|1, H|1, L-1, 1): d = L-1 .. 1
-    Bb = max(last_row.shape[0], last_col.shape[0])
-    Hb = max(last_row.shape[1], last_col.shape[1])
-    row = last_row[:, :, 0, :].expand(Bb, Hb, S)
-    col = last_col[:, :, :, 0].flip(-1).expand(Bb, Hb, L - 1)
-    return torch.cat([row, col], -1)                         # (Bb, Hb, L + S - 1)
 
 
 def bias_strides(t: Tensor, relative: bool, L: int) -> list[int]:
