@@ -175,3 +175,12 @@ def test_auto_trains_plain_causal_in_the_compiled_kernel_from_4096():
     assert "auto -> sdpa" in al.explain(q.detach(), k.detach(), v.detach(), causal=True)     # forward: level, SDPA
     small = [t[:, :, :2048] for t in (q, k, v)]
     assert "auto -> sdpa" in al.explain(*small, causal=True)
+
+
+def test_structured_bias_tile_values_and_its_old_name():
+    from attnlab.positional.alibi import ALiBi
+    bias = ALiBi(2).bias()
+    want = bias.tile_values(1, 4, 0, 5, 6, 5)                               # (1, 2, 3, 5)
+    torch.testing.assert_close(want, bias.dense(6, 5)[:, :, 1:4, 0:5])
+    with pytest.warns(FutureWarning, match="block.*deprecated.*tile_values"):
+        torch.testing.assert_close(bias.block(1, 4, 0, 5, 6, 5), want)

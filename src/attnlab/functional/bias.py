@@ -12,6 +12,8 @@ Example::
 """
 from __future__ import annotations
 
+import warnings
+
 from typing import Callable
 
 import torch
@@ -36,12 +38,20 @@ class StructuredBias:
     def tile(self, i: Tensor, j: Tensor, *params: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def block(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int,
-              params: tuple[Tensor, ...] | None = None) -> Tensor:
-        """The bias of rows r0:r1 and keys c0:c1, as a (B|1, H|1, lr, lc) tensor."""
+    def tile_values(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int,
+                    params: tuple[Tensor, ...] | None = None) -> Tensor:
+        """The bias on the tile of rows r0:r1 and keys c0:c1, as a (B|1, H|1, lr, lc) tensor (what
+        ``Mask.tile`` is for masks; ``tile`` itself is the function of positions a bias defines)."""
         params = self.params if params is None else params
         device = params[0].device if params else None
         return self.at(torch.arange(r0, r1, device=device), torch.arange(c0, c1, device=device), L, S, params)
+
+    def block(self, r0: int, r1: int, c0: int, c1: int, L: int, S: int,
+              params: tuple[Tensor, ...] | None = None) -> Tensor:
+        """Deprecated name of ``tile_values`` (kernels say "tile"; "block" is a transformer layer)."""
+        warnings.warn(f"{type(self).__name__}.block(...) is deprecated: call tile_values(...)", FutureWarning,
+                      stacklevel=2)
+        return self.tile_values(r0, r1, c0, c1, L, S, params)
 
     def at(self, rows: Tensor, cols: Tensor, L: int, S: int, params: tuple[Tensor, ...]) -> Tensor:
         """The bias at query rows (lr,) and key columns (lc,) (indices, any order): (B|1, H|1, lr, lc).
@@ -54,7 +64,7 @@ class StructuredBias:
 
     def dense(self, L: int, S: int) -> Tensor:
         """The whole bias (B|1, H|1, L, S), differentiable in ``params``."""
-        return self.block(0, L, 0, S, L, S)
+        return self.tile_values(0, L, 0, S, L, S)
 
     def table(self, L: int, S: int) -> "tuple[Tensor, int] | None":
         """The bias as a small table that kernels index, or None (then only ``tile`` describes it).
@@ -77,7 +87,7 @@ class StructuredBias:
         return None
 
     def check(self, B: int, H: int, L: int, S: int) -> None:
-        probe = self.block(0, min(L, 1), 0, min(S, 1), L, S)
+        probe = self.tile_values(0, min(L, 1), 0, min(S, 1), L, S)
         if probe.dim() != 4 or probe.shape[0] not in (1, B) or probe.shape[1] not in (1, H):
             raise ValueError(f"{type(self).__name__} gives tiles of shape {tuple(probe.shape)}, which do not "
                              f"broadcast to (B, H, lr, lc) with B={B}, H={H}")
@@ -103,8 +113,8 @@ def relative_table(bias: StructuredBias, L: int, S: int) -> Tensor:
     The offsets <= 0 are read from the last query's row, the others from the last key's column:
     only positions the mask math already uses. Differentiable in the bias's parameters.
     """
-    last_row = bias.block(L - 1, L, 0, S, L, S)              # (B|1, H|1, 1, S): d = -(S-1) .. 0
-    last_col = bias.block(0, L - 1, S - 1, S, L, S)          # (B|1, H|1, L-1, 1): d = L-1 .. 1
+    last_row = bias.tile_values(L - 1, L, 0, S, L, S)        # (B|1, H|1, 1, S): d = -(S-1) .. 0
+    last_col = bias.tile_values(0, L - 1, S - 1, S, L, S)    # (B|1, H|1, L-1, 1): d = L-1 .. 1
     Bb = max(last_row.shape[0], last_col.shape[0])
     Hb = max(last_row.shape[1], last_col.shape[1])
     row = last_row[:, :, 0, :].expand(Bb, Hb, S)

@@ -196,7 +196,7 @@ class _Problem:
             cols = slice(sp.c0, sp.c1) if b.shape[3] != 1 else slice(None)
             s5.add_(_to5(_batch(b, bs)[:, :, rows, cols], Hkv, G), alpha=LOG2E)
         if bias_s is not None:
-            b = bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
+            b = bias_s.tile_values(t.r0, t.r1, sp.c0, sp.c1, L, S, params or self.bias_params)
             s5.add_(_to5(_batch(b, bs), Hkv, G).to(s.dtype), alpha=LOG2E)
         for a, z in sp.masked:                       # only the key ranges of PARTIAL tiles
             neg = _to5(_batch(self.neg_block(t, a, z, s.dtype, s.device), bs), Hkv, G)
@@ -351,7 +351,7 @@ def _backward(pb: _Problem, out5: Tensor, lse2: Tensor, dout5: Tensor, want_bias
                 if dparams:
                     # a per-example bias (B, ...) meets a per-example schedule (bs = one example)
                     grads = bias_param_grads(
-                        lambda params: _batch(pb.spec.bias_s.block(t.r0, t.r1, sp.c0, sp.c1, L, S, params), bs),
+                        lambda params: _batch(pb.spec.bias_s.tile_values(t.r0, t.r1, sp.c0, sp.c1, L, S, params), bs),
                         pb.bias_params, ds.view(-1, Hkv * G, lr, lc))
                     for acc_g, g_ in zip(dparams, grads):
                         if g_ is not None:
