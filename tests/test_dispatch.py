@@ -35,6 +35,24 @@ def test_shortcut_is_autos_sdpa_bit_for_bit(shape, causal, scale):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_causal_mask_object_takes_the_shortcut_too(causal, monkeypatch):
+    q, k, v = qkv(L=64, S=64)
+    want = al.attention(q, k, v, mask=al.masks.causal(), causal=causal, backend="sdpa")
+    monkeypatch.setattr(api, "make_request", lambda *a, **kw: pytest.fail("the full path ran"))
+    assert torch.equal(al.attention(q, k, v, mask=al.masks.causal(), causal=causal), want)
+
+
+def test_other_masks_and_causal_masks_with_l_not_s_take_the_full_path(monkeypatch):
+    q, k, v = qkv(L=32, S=48)
+    ran, real = [], api.make_request
+    monkeypatch.setattr(api, "make_request", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    for mask in (al.masks.causal(), al.masks.window(4, 0)):
+        got = al.attention(q, k, v, mask=mask)
+        torch.testing.assert_close(got, al.attention(q, k, v, mask=mask, backend="reference"))
+    assert len(ran) == 4                                  # each auto call and each named call built a request
+
+
 def test_shortcut_keeps_gradients():
     q, k, v = (t.requires_grad_() for t in qkv(dtype=torch.float64))
     al.attention(q, k, v, causal=True).sum().backward()

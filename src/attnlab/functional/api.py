@@ -14,7 +14,7 @@ from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
 from .bias import StructuredBias
 from .dropout import new_seed
-from .masks import EMPTY, DenseMask
+from .masks import EMPTY, CausalMask, DenseMask
 from .patterns import BlockLayoutMask
 from .masks import parts as mask_parts
 from .registry import Backend, all_backends, get_backend
@@ -116,8 +116,8 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
 
 def _plain_small(q, k, v, causal, scale) -> bool:
     """Is this a request ``make_request`` would accept and ``_auto`` send to SDPA's flash kernel, with
-    nothing for attnlab to add (no mask, bias, dropout or GQA; S >= NAN_SAFE_S; at most SMALL_PROBLEM
-    scores per head)? Then ``attention`` calls SDPA directly: validating and choosing through the
+    nothing for attnlab to add (no mask but causal with L == S; no bias, dropout or GQA; S >= NAN_SAFE_S;
+    at most SMALL_PROBLEM scores per head)? Then ``attention`` calls SDPA directly: validating and choosing through the
     request costs ~10 us, as much as the whole attention of a 128-token head (tests/test_dispatch.py
     keeps this predicate and ``_auto`` in step)."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
@@ -180,10 +180,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
         out = attention(q, k, v, causal=True)                      # (2, 8, 128, 64)
         out, w = attention(q, k, v, mask=masks.window(16, 0), return_weights=True)
     """
-    if (backend == "auto" and mask is None and bias is None and softcap is None and return_weights is False
-            and type(dropout_p) in (float, int) and dropout_p == 0 and _plain_small(q, k, v, causal, scale)):
+    causal_mask = type(mask) is CausalMask                # masks.causal(), as nn modules pass it
+    if (backend == "auto" and (mask is None or causal_mask) and bias is None and softcap is None
+            and return_weights is False and type(dropout_p) in (float, int) and dropout_p == 0
+            and _plain_small(q, k, v, causal or causal_mask, scale)):
         # auto's own pick, called as the sdpa backend calls it, without building the request
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal is True,
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal is True or causal_mask,
                                               scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     req = make_request(q, k, v, mask=mask, causal=causal, bias=bias, scale=scale, dropout_p=dropout_p,
                        return_weights=return_weights, softcap=softcap)
