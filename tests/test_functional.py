@@ -118,7 +118,7 @@ def test_empty_sequences():
 def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
     q, k, v = (torch.randn(1, 8, 1024, 64) for _ in range(3))
     assert "auto -> sdpa" in al.explain(q, k, v)
-    assert "auto -> sdpa" in al.explain(q, k, v, causal=True)
+    assert "auto -> sdpa" in al.explain(*(t.double() for t in (q, k, v)), causal=True)   # fp32 causal: native
     text = al.explain(q, k, v, mask=al.masks.window(64, 64))
     assert "auto -> native" in text and "not sdpa" in text and "not reference" in text
     assert "auto -> native" in al.explain(q, k, v, bias=torch.zeros(1024, 1024))
@@ -162,19 +162,28 @@ def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
     assert "auto -> native" in al.explain(q, k, v, mask=block_sparse)
 
 
-def test_auto_picks_the_compiled_kernel_for_large_bf16_inference_only():
-    q, k, v = (torch.randn(1, 1, 2048, 8, dtype=torch.bfloat16) for _ in range(3))
-    assert "auto -> native" in al.explain(q, k, v)
-    assert "auto -> sdpa" in al.explain(q[:, :, :1024], k[:, :, :1024], v[:, :, :1024])
-    assert "auto -> sdpa" in al.explain(q.requires_grad_(), k, v)
-
-
-def test_auto_trains_plain_causal_in_the_compiled_kernel_from_4096():
-    q, k, v = (torch.randn(1, 1, 4096, 8, requires_grad=True) for _ in range(3))
+def test_auto_sends_bf16_causal_inference_below_8192_to_the_compiled_kernel_only():
+    q, k, v = (torch.randn(1, 1, 1024, 8, dtype=torch.bfloat16) for _ in range(3))
     assert "auto -> native" in al.explain(q, k, v, causal=True)
-    assert "auto -> sdpa" in al.explain(q.detach(), k.detach(), v.detach(), causal=True)     # forward: level, SDPA
-    small = [t[:, :, :2048] for t in (q, k, v)]
+    assert "auto -> sdpa" in al.explain(q, k, v)                                        # no mask: SDPA
+    assert "auto -> sdpa" in al.explain(q.requires_grad_(), k, v, causal=True)         # training: SDPA
+    small = [t[:, :, :512].detach() for t in (q, k, v)]
     assert "auto -> sdpa" in al.explain(*small, causal=True)
+    big = torch.empty(1, 1, 8192, 8, dtype=torch.bfloat16)
+    assert "auto -> sdpa" in al.explain(big, big, big, causal=True)
+
+
+def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel():
+    q, k, v = (torch.randn(1, 1, 1024, 8) for _ in range(3))
+    assert "auto -> native" in al.explain(q, k, v, causal=True)
+    assert "auto -> native" in al.explain(q.requires_grad_(), k, v, causal=True)
+    assert "auto -> sdpa" in al.explain(q, k, v)                                        # no mask, n < 4096
+    small = [t[:, :, :512].detach() for t in (q, k, v)]
+    assert "auto -> sdpa" in al.explain(*small, causal=True)
+    big = torch.empty(1, 1, 4096, 8)
+    assert "auto -> sdpa" in al.explain(big, big, big)                                  # forward: SDPA
+    assert "auto -> native" in al.explain(big.requires_grad_(), big, big)               # with gradients
+    assert "auto -> sdpa" in al.explain(*(t.double() for t in small))                   # fp64: not measured
 
 
 def test_structured_bias_tile_values_and_its_old_name():

@@ -26,12 +26,16 @@ __all__ = ["attention", "explain", "choose_backend"]
 # than skipping saves, and SDPA with the dense mask is faster (measured, B=1 H=8 D=64: causal &
 # padding n=512 0.87x, n=1024 1.24x; window(128, 0) n=256 0.50x, n=512 1.16x; docs/benchmarks.md).
 SMALL_PROBLEM = 512 * 512
-# From this many score entries per head, a bf16 forward pass goes to the compiled kernel (n = 8192:
-# none 1.04x, causal 1.00x SDPA), or to the tiled one where native is not built (n = 4096: 1.15x).
-BF16_TILED_FROM = 2048 * 2048
-# From this many score entries per head, plain causal training (forward + backward) is faster in the
-# compiled kernel (n = 4096 fp32: 435 vs 456 ms, 1.05x SDPA; the forward alone is level: 0.95-1.04x).
-NATIVE_CAUSAL_TRAIN_FROM = 4096 * 4096
+# Plain requests (no mask, or causal with L == S) -- the auto grid of docs/benchmarks.md ("auto against
+# the fastest exact backend", B=1 H=8 D=64, n = 1024 ... 8192, medians of 3 rounds, idle machine):
+# * fp32 causal: the compiled kernel beat SDPA's flash kernel at every n (forward 1.24x, 1.10x, 1.11x,
+#   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
+# * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
+#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
+# * bf16: the compiled kernel's forward wins only on causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x
+#   at 8192); without a mask, and with gradients, SDPA (native 0.75-0.96x).
+NATIVE_TRAIN_FROM = 4096 * 4096
+BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
@@ -69,15 +73,9 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     if sdpa_ok and plain:
-        if "native" in runnable and req.is_causal_only and req.needs_grad and L * S >= NATIVE_CAUSAL_TRAIN_FROM:
-            return "native", ("causal with gradients: the compiled kernel's forward+backward measured 1.05x "
-                              "SDPA's at n = 4096 (docs/benchmarks.md, native)")
-        bf16_kernel = "native" if "native" in runnable else "tiled"
-        if (req.q.dtype == torch.bfloat16 and bf16_kernel in runnable and not req.needs_grad
-                and L * S >= BF16_TILED_FROM):
-            return bf16_kernel, ("bf16 forward: SDPA's CPU flash kernel reaches ~35% of the bf16 matmul peak; "
-                                 f"the {bf16_kernel} kernel measured 1.00-1.04x its speed at n = 8192 "
-                                 "(docs/benchmarks.md)")
+        why = _plain_native(req, L * S) if "native" in runnable else None
+        if why is not None:
+            return "native", why
         return "sdpa", "no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact path"
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
@@ -112,6 +110,21 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
             return name, "the only exact backend that honours this request"
     raise ValueError("no exact backend can compute this request: "
                      + "; ".join(f"{b.name}: {why}" for b, why in _candidates(req) if why))
+
+
+def _plain_native(req: AttentionRequest, LS: int) -> Optional[str]:
+    """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
+    dtype, causal = req.q.dtype, req.is_causal_only
+    if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
+        return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
+                "forward+backward at n = 1024-8192 (docs/benchmarks.md, auto grid)")
+    if dtype == torch.float32 and req.needs_grad and LS >= NATIVE_TRAIN_FROM:
+        return ("fp32 with gradients from n = 4096: the compiled kernel's forward+backward measured 1.07x "
+                "SDPA's (docs/benchmarks.md, auto grid)")
+    if dtype == torch.bfloat16 and causal and not req.needs_grad and SMALL_PROBLEM < LS < BF16_CAUSAL_NATIVE_BELOW:
+        return ("bf16 causal forward below n = 8192: the compiled kernel measured 1.05-1.18x SDPA's "
+                "(docs/benchmarks.md, auto grid)")
+    return None
 
 
 def _plain_small(q, k, v, causal, scale) -> bool:
