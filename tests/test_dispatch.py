@@ -95,6 +95,7 @@ def test_transposed_and_subclass_inputs_take_the_full_path():
 
 @pytest.mark.parametrize("kw, error", [
     (dict(dropout_p=False), TypeError), (dict(scale=math.nan), TypeError), (dict(causal="yes"), TypeError),
+    (dict(causal=0), TypeError),
     (dict(return_weights=0), TypeError)])
 def test_bad_arguments_still_get_the_full_checks(kw, error):
     q, k, v = qkv()

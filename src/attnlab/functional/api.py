@@ -196,7 +196,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
     causal_mask = type(mask) is CausalMask                # masks.causal(), as nn modules pass it
     if (backend == "auto" and (mask is None or causal_mask) and bias is None and softcap is None
             and return_weights is False and type(dropout_p) in (float, int) and dropout_p == 0
-            and _plain_small(q, k, v, causal or causal_mask, scale)):
+            and type(causal) is bool and _plain_small(q, k, v, causal or causal_mask, scale)):
         # auto's own pick, called as the sdpa backend calls it, without building the request
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal is True or causal_mask,
                                               scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
