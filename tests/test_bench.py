@@ -98,7 +98,7 @@ def test_tiny_bench_through_cli(tmp_path):
 
 def _rows(auto_ms, **exact_ms):
     rows = [dict(contestant="torch-sdpa", peer=True, status="ok", median_ms=1.0, notes=[]),
-            dict(contestant="auto", peer=False, status="ok", median_ms=auto_ms, notes=["auto -> sdpa"],
+            dict(contestant="auto", peer=False, status="ok", median_ms=auto_ms, notes=["auto -> sdpa"], picked="sdpa",
                  case=dict(mask="causal", n=1024, dtype="float32", mode="fwd"))]
     return rows + [dict(contestant=n, peer=False, status="ok", median_ms=t, notes=[]) for n, t in exact_ms.items()]
 

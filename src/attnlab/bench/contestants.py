@@ -41,6 +41,7 @@ class Runner:
     step: Callable[[], Tensor]          # one forward (fwd) or forward + backward (fwdbwd); returns out
     notes: list[str] = field(default_factory=list)
     setup_s: Optional[float] = None     # untimed preparation, e.g. building flex's BlockMask
+    picked: Optional[str] = None        # "auto": the backend it chose for this case
 
 
 def contestant_names(backends: list[str], peers: bool = True, flex: bool = True) -> list[str]:
@@ -115,11 +116,9 @@ def make_runner(name: str, case: Case, q: Tensor, k: Tensor, v: Tensor) -> Runne
     if name != "auto" and name not in available_backends():
         raise ValueError(f"unknown contestant {name!r}; choose from {available_backends() + ['auto', *PEERS]}")
     mask, bias = attnlab_mask(case)
-    notes = []
-    if name == "auto":
-        picked = choose_backend(make_request(q, k, v, mask=mask, bias=bias), "auto").name
-        notes.append(f"auto -> {picked}")
-    return Runner(_wrap(case, q, k, v, lambda: attention(q, k, v, mask=mask, bias=bias, backend=name)), notes)
+    picked = choose_backend(make_request(q, k, v, mask=mask, bias=bias), "auto").name if name == "auto" else None
+    return Runner(_wrap(case, q, k, v, lambda: attention(q, k, v, mask=mask, bias=bias, backend=name)),
+                  [f"auto -> {picked}"] if picked else [], picked=picked)
 
 
 def _quadratic_bytes(name: str, case: Case) -> float:

@@ -104,6 +104,8 @@ def _warm_up(name: str, case: Case, q, k, v, row: dict, yardstick):
         log.info("  %-31s %-10s %s", case.label(), name, row["notes"][0])
         return None
     row["notes"] = list(runner.notes)
+    if runner.picked is not None:
+        row["picked"] = runner.picked
     if yardstick is not None:
         diff = (out.float() - yardstick.float()).abs().max().item()
         row["max_abs_diff_vs_torch_sdpa"] = diff

@@ -137,22 +137,17 @@ def format_auto(report: dict) -> list[str]:
     """One line per case: auto's pick, the fastest exact backend beside it, and whether auto is within
     the bench's AUTO_WITHIN of it (no lines when no case timed auto beside two exact backends)."""
     from .kernels import AUTO_WITHIN
+    from .lm_report import _table
     judged = [r for r in report["results"] if "auto_vs_best" in r]
     if not judged:
         return []
-    cells = []
-    for r in judged:
-        c = r["case"]
-        pick = next((n[len("auto -> "):] for n in r.get("notes", []) if n.startswith("auto -> ")), "?")
-        cells.append([f"{c['mask']} {c['n']} {c['dtype']} {c['mode']}", pick, r["best_exact"],
-                      f"{r['auto_vs_best']:.3f}", "yes" if r["auto_within"] else "NO"])
-    header = ["case (mask n dtype mode)", "auto ->", "fastest exact", "time(best) / time(auto)",
-              f"within {100 * (AUTO_WITHIN - 1):.0f}%"]
-    widths = [max(len(x) for x in col) for col in zip(header, *cells)]
-    line = lambda row: "  ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
+    within = f"within {100 * (AUTO_WITHIN - 1):.0f}%"
+    cells = [[f"{r['case']['mask']} {r['case']['n']} {r['case']['dtype']} {r['case']['mode']}", r["picked"],
+              r["best_exact"], f"{r['auto_vs_best']:.3f}", "yes" if r["auto_within"] else "NO"] for r in judged]
     ok = sum(r["auto_within"] for r in judged)
-    return ["", f"auto against the fastest exact backend: within {100 * (AUTO_WITHIN - 1):.0f}% on {ok} of "
-            f"{len(judged)} cases", line(header), line(["-" * w for w in widths])] + [line(x) for x in cells]
+    return ["", f"auto against the fastest exact backend: {within} on {ok} of {len(judged)} cases",
+            *_table(["case (mask n dtype mode)", "auto ->", "fastest exact", "time(best) / time(auto)", within],
+                    cells)]
 
 
 def write_json(report: dict, path: str) -> str:

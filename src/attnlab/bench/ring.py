@@ -18,7 +18,7 @@ gathered and compared with the single process's output, so a fast but wrong ring
 Example::
 
     rep = run_ring(RingBenchConfig(n=8192, repeats=2))
-    print(format_ring(rep))
+    text = format_ring(rep)
 """
 from __future__ import annotations
 
