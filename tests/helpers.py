@@ -124,3 +124,14 @@ def errors(fn, q, k, v, bias, mask, scale=None, seed=0):
         assert torch.isfinite(c).all(), f"{name} has non-finite values"
         result[name] = ((c.double() - g64).abs().max().item(), (r.double() - g64).abs().max().item())
     return result
+
+
+def check_dropout_equals_reference(kernel, q, k, v, **kw):
+    """``kernel(q, k, v, **kw)`` (with a dropout_seed) equals the reference for that seed, output and q/k/v
+    gradients, and the next seed gives a different output."""
+    out, ref = kernel(q, k, v, **kw), reference_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(out, kernel(q, k, v, **{**kw, "dropout_seed": kw["dropout_seed"] + 1}))

@@ -12,6 +12,7 @@ from attnlab.functional.backends import native
 from attnlab.functional.backends.native import mask_args, native_attention, native_forward, pack_bits
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.positional import ALiBi, ShawRelative, T5Bias
+from helpers import check_dropout_equals_reference
 
 small = partial(native_attention, tile_q=4, tile_k=8)     # tiny tiles: every row kind and chunk edge
 
@@ -119,13 +120,7 @@ def test_a_function_bias_without_a_table_is_refused_by_name():
 
 def test_dropout_matches_the_reference_for_the_same_seed():
     q, k, v = leaves((2, 4, 33, 8), (2, 2, 33, 8), (2, 2, 33, 8))
-    kw = dict(mask=masks.causal(), scale=0.3, dropout_p=0.25, dropout_seed=7)
-    out, ref = small(q, k, v, **kw), reference_attention(q, k, v, **kw)
-    torch.testing.assert_close(out, ref)
-    g = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        torch.testing.assert_close(a, b)
-    assert not torch.allclose(out, small(q, k, v, **{**kw, "dropout_seed": 8}))
+    check_dropout_equals_reference(small, q, k, v, mask=masks.causal(), scale=0.3, dropout_p=0.25, dropout_seed=7)
 
 
 def test_nan_in_keys_the_mask_rules_out_never_reaches_the_output():

@@ -1,4 +1,6 @@
 """The tiled backend's own guarantees: hand-written backward, real tile skipping, bias and dropout paths."""
+from functools import partial
+
 import pytest
 import torch
 
@@ -6,6 +8,7 @@ import attnlab as al
 from attnlab.functional import FunctionBias, masks
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.functional.backends.tiled import TileStats, tiled_attention
+from helpers import check_dropout_equals_reference
 
 
 def leaves(*shapes, dtype=torch.float64, seed=0):
@@ -49,15 +52,8 @@ def test_structured_bias_equals_dense_bias_with_grads():
 
 def test_dropout_matches_reference_for_the_same_seed():
     q, k, v = leaves((2, 4, 33, 8), (2, 2, 33, 8), (2, 2, 33, 8))
-    kw = dict(mask=masks.causal(), scale=0.3, dropout_p=0.25, dropout_seed=7)
-    out = tiled_attention(q, k, v, tile_q=8, tile_k=16, **kw)
-    ref = reference_attention(q, k, v, **kw)
-    torch.testing.assert_close(out, ref)
-    g = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        torch.testing.assert_close(a, b)
-    other = tiled_attention(q, k, v, tile_q=8, tile_k=16, **{**kw, "dropout_seed": 8})
-    assert not torch.allclose(out, other)
+    check_dropout_equals_reference(partial(tiled_attention, tile_q=8, tile_k=16), q, k, v, mask=masks.causal(),
+                                   scale=0.3, dropout_p=0.25, dropout_seed=7)
 
 
 def test_dropout_is_unbiased_and_follows_torch_seed():

@@ -24,7 +24,7 @@ from attnlab.functional.backends.tiled_plan import TileStats
 from attnlab.functional.request import make_request
 from attnlab.positional.alibi import ALiBi, AlibiBias
 from attnlab.positional.t5 import T5Bias, T5BucketBias
-from helpers import CASES, FLOOR, MASK_KINDS, Case, errors, make_inputs, make_mask
+from helpers import CASES, FLOOR, MASK_KINDS, Case, check_dropout_equals_reference, errors, make_inputs, make_mask
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -168,13 +168,7 @@ def test_relative_biases(which):
 
 def test_dropout_equals_reference_for_a_seed():
     q, k, v = (torch.randn(2, 2, 21, 16, dtype=torch.float64).float().requires_grad_() for _ in range(3))
-    kw = dict(mask=masks.causal(), scale=0.3, dropout_p=0.3, dropout_seed=11)
-    out, ref = SMALL(q, k, v, **kw), reference_attention(q, k, v, **kw)
-    torch.testing.assert_close(out, ref)
-    g = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        torch.testing.assert_close(a, b)
-    assert not torch.allclose(out, SMALL(q, k, v, **{**kw, "dropout_seed": 12}))
+    check_dropout_equals_reference(SMALL, q, k, v, mask=masks.causal(), scale=0.3, dropout_p=0.3, dropout_seed=11)
 
 
 def test_empty_tiles_are_never_read():

@@ -73,7 +73,7 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     if sdpa_ok and plain:
-        why = _plain_native(req, L * S) if "native" in runnable else None
+        why = _plain_native(req) if "native" in runnable else None
         if why is not None:
             return "native", why
         return "sdpa", "no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact path"
@@ -112,9 +112,9 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
                      + "; ".join(f"{b.name}: {why}" for b, why in _candidates(req) if why))
 
 
-def _plain_native(req: AttentionRequest, LS: int) -> Optional[str]:
+def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
-    dtype, causal = req.q.dtype, req.is_causal_only
+    dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
                 "forward+backward at n = 1024-8192 (docs/benchmarks.md, auto grid)")
