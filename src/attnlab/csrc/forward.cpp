@@ -6,21 +6,77 @@
 // online softmax (running max m and sum l per row; Milakov & Gimelshein 2018), and one GEMM
 // O += P V. The division by l is deferred to the end (Dao 2023), and the per-row log-sum-exp is
 // saved for the backward pass and for ring attention's merge.
+#include "dpbf16.h"
 #include "native.h"
 
 namespace attnlab {
 namespace {
 
+// One row of a block: logits, the online-softmax update of m[r], l[r] and o's row, and the row
+// turned into probabilities (exp(s - m) on the allowed columns, 0 elsewhere up to ncols).
+template <typename acc_t>
+void softmax_row(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int64_t r, int64_t c0, int64_t ncols,
+                 const RowPlan& rp, acc_t* row, acc_t* m, acc_t* l, acc_t* o) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  const int64_t VW = Vec::size();
+  const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+  const int8_t kind = rp.kind[r];
+  if (kind == kEmpty) { std::fill(row, row + ncols, acc_t(0)); return; }
+  const int64_t a = rp.a[r], e = rp.e[r], i = r0 + r;
+  row_logits(pb, b, h, i, c0, kind, a, e, row, static_cast<acc_t*>(nullptr));
+  // running max over the allowed columns only
+  acc_t mx = ninf;
+  {
+    int64_t j = a;
+    Vec vmx(ninf);
+    for (; j + VW <= e; j += VW) vmx = at::vec::maximum(vmx, Vec::loadu(row + j));
+    mx = hmax(vmx);
+    for (; j < e; ++j) mx = nan_max(mx, row[j]);
+  }
+  const acc_t m_new = nan_max(m[r], mx);
+  if (m_new == ninf) { std::fill(row, row + ncols, acc_t(0)); return; }   // nothing allowed yet
+  const acc_t corr = std::exp(m[r] - m_new);                        // 0 when m was -inf
+  m[r] = m_new;
+  // p = exp(s - m) on [a, e), zeros around it
+  acc_t sum = 0;
+  {
+    const Vec vm(m_new);
+    Vec vsum(acc_t(0));
+    int64_t j = a;
+    for (; j + VW <= e; j += VW) {
+      Vec p = vexp(Vec::loadu(row + j) - vm);
+      p.store(row + j);
+      vsum = vsum + p;
+    }
+    sum = hsum(vsum);
+    for (; j < e; ++j) { row[j] = std::exp(row[j] - m_new); sum += row[j]; }
+  }
+  std::fill(row, row + a, acc_t(0));
+  std::fill(row + e, row + ncols, acc_t(0));
+  l[r] = l[r] * corr + sum;
+  if (corr != acc_t(1)) {
+    acc_t* orow = o + r * pb.Dv;
+    for (int64_t d = 0; d < pb.Dv; ++d) orow[d] *= corr;
+  }
+  if (pb.drop.p > 0.0) {    // dropout acts on the weights applied to V, not on the sum l
+    const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(b * pb.H + h), static_cast<uint64_t>(i));
+    const acc_t inv = static_cast<acc_t>(pb.drop.inv_keep);
+    for (int64_t j = a; j < e; ++j)
+      row[j] = pb.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? row[j] * inv : acc_t(0);
+  }
+}
+
 template <typename scalar_t>
 void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scalar_t* q, const int64_t* qs,
                     const scalar_t* k, const int64_t* ks, const scalar_t* v, const int64_t* vs, scalar_t* out,
-                    const int64_t* os, typename Acc<scalar_t>::type* lse) {
+                    const int64_t* os, typename Acc<scalar_t>::type* lse, const PackedKV* pk) {
   using acc_t = typename Acc<scalar_t>::type;
-  using Vec = at::vec::Vectorized<acc_t>;
-  const int64_t VW = Vec::size();
   const int64_t nq = pb.n_qtiles();
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
   const acc_t alpha_qk = qk_alpha(pb);
+  // bfloat16 on AVX512-BF16: K and V come packed (dpbf16.h), key chunks start on a multiple of 16
+  // and span whole groups of 16 (ncols) in S = Q K^T; O += P V reads only the tile's keys [kfirst, khi).
+  const bool tiles16 = pk != nullptr;
 
   at::parallel_for(0, pb.B * pb.H * nq, 1, [&](int64_t begin, int64_t end) {
     // Per-thread scratch, allocated once per call.
@@ -43,57 +99,28 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
 
       int64_t klo, khi;
       tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, klo, khi);
+      const int64_t kfirst = klo;
+      if (tiles16) klo = klo / 16 * 16;
       for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
         const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
+        const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : nk;
         bool all_full;
         if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;       // an EMPTY block
-        gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
+        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+          if (tiles16) dpbf16_qk(qt, qs[2], nr, *pk, b * pb.Hkv + hk, c0, ncols, alpha_qk, s.data(), pb.BK);
+        }
+        if (!tiles16)
+          gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
 
         for (int64_t r = 0; r < nr; ++r) {
-          acc_t* row = s.data() + r * pb.BK;
-          const int8_t kind = rp.kind[r];
-          if (kind == kEmpty) { std::fill(row, row + nk, acc_t(0)); continue; }
-          const int64_t a = rp.a[r], e = rp.e[r], i = r0 + r;
-          row_logits(pb, b, h, i, c0, kind, a, e, row, static_cast<acc_t*>(nullptr));
-          // running max over the allowed columns only
-          acc_t mx = ninf;
-          {
-            int64_t j = a;
-            Vec vmx(ninf);
-            for (; j + VW <= e; j += VW) vmx = at::vec::maximum(vmx, Vec::loadu(row + j));
-            mx = hmax(vmx);
-            for (; j < e; ++j) mx = nan_max(mx, row[j]);
-          }
-          const acc_t m_new = nan_max(m[r], mx);
-          if (m_new == ninf) { std::fill(row, row + nk, acc_t(0)); continue; }   // nothing allowed yet
-          const acc_t corr = std::exp(m[r] - m_new);                        // 0 when m was -inf
-          m[r] = m_new;
-          // p = exp(s - m) on [a, e), zeros around it
-          acc_t sum = 0;
-          {
-            const Vec vm(m_new);
-            Vec vsum(acc_t(0));
-            int64_t j = a;
-            for (; j + VW <= e; j += VW) {
-              Vec p = vexp(Vec::loadu(row + j) - vm);
-              p.store(row + j);
-              vsum = vsum + p;
-            }
-            sum = hsum(vsum);
-            for (; j < e; ++j) { row[j] = std::exp(row[j] - m_new); sum += row[j]; }
-          }
-          std::fill(row, row + a, acc_t(0));
-          std::fill(row + e, row + nk, acc_t(0));
-          l[r] = l[r] * corr + sum;
-          if (corr != acc_t(1)) {
-            acc_t* orow = o.data() + r * pb.Dv;
-            for (int64_t d = 0; d < pb.Dv; ++d) orow[d] *= corr;
-          }
-          if (pb.drop.p > 0.0) {    // dropout acts on the weights applied to V, not on the sum l
-            const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(b * pb.H + h), static_cast<uint64_t>(i));
-            const acc_t inv = static_cast<acc_t>(pb.drop.inv_keep);
-            for (int64_t j = a; j < e; ++j)
-              row[j] = pb.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? row[j] * inv : acc_t(0);
+          softmax_row(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * pb.BK, m.data(), l.data(), o.data());
+          if (tiles16) at::vec::convert(s.data() + r * pb.BK, p_in.data() + r * pb.BK, ncols);
+        }
+        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+          if (tiles16) {
+            dpbf16_pv(p_in.data(), pb.BK, nr, *pk, b * pb.Hkv + hk, c0, std::max<int64_t>(kfirst - c0, 0), nk,
+                      o.data(), pb.Dv);
+            continue;
           }
         }
         const scalar_t* p = as_input(s.data(), p_in.data(), nr * pb.BK);
@@ -120,8 +147,16 @@ void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tens
                  const at::Tensor& v, at::Tensor& out, at::Tensor& lse) {
   const int64_t qs[3] = {q.stride(0), q.stride(1), q.stride(2)}, ks[3] = {k.stride(0), k.stride(1), k.stride(2)};
   const int64_t vs[3] = {v.stride(0), v.stride(1), v.stride(2)}, os[3] = {out.stride(0), out.stride(1), out.stride(2)};
+  PackedKV packed;
+  const PackedKV* pk = nullptr;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (uses_dpbf16(pb)) {
+      packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv);
+      pk = &packed;
+    }
+  }
   forward_kernel<scalar_t>(pb, q.data_ptr<scalar_t>(), qs, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs,
-                           out.data_ptr<scalar_t>(), os, lse.data_ptr<typename Acc<scalar_t>::type>());
+                           out.data_ptr<scalar_t>(), os, lse.data_ptr<typename Acc<scalar_t>::type>(), pk);
 }
 
 template void run_forward<float>(const Problem<float>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

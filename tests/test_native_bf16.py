@@ -1,0 +1,112 @@
+"""The bfloat16 forward's AVX512-BF16 tiles (csrc/dpbf16.cpp): built where the CPU has them, and as
+accurate as the bfloat16 reference on shapes that reach every edge of the micro-kernels -- row tails
+(not a multiple of 6), keys not a multiple of 16, tiles whose key range starts or ends on an odd key,
+L != S, GQA, Dv != D, strided views -- for every mask form, with tensor and relative biases."""
+from functools import partial
+
+import pytest
+import torch
+
+from attnlab.functional import masks
+from attnlab.functional.backends import native
+from attnlab.functional.backends.native import native_attention
+from attnlab.functional.backends.reference import reference_attention
+from attnlab.positional import ALiBi
+from helpers import FLOOR, errors
+
+
+def _cpu_has_avx512_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def test_the_tiles_are_built_where_the_cpu_has_them():
+    """A build that silently fell back to MKL's bf16 GEMM on this CPU would be ~2x slower: fail, do not skip."""
+    if not _cpu_has_avx512_bf16():
+        pytest.skip("this CPU has no AVX512-BF16")
+    assert "AVX512-BF16 tiles" in native.info(), native.info()
+
+
+# (B, H, Hkv, L, S, D, Dv): row tails, S % 16 != 0, GQA, L < S and L > S, D = 128, Dv = 16 / 128
+SHAPES = [(2, 4, 2, 131, 131, 64, 64), (1, 3, 1, 45, 203, 32, 128), (1, 2, 2, 97, 40, 128, 16)]
+MASKS = {
+    "none": lambda B, L, S: None,
+    "causal": lambda B, L, S: masks.causal(),
+    "window_odd_edges": lambda B, L, S: masks.window(13, 6),          # tile key ranges start/end on odd keys
+    "padding": lambda B, L, S: masks.padding(torch.tensor([S, S // 2 + 1][:B])),
+    "documents": lambda B, L, S: masks.documents(torch.tensor([0] * (S // 3) + [1] * (S - S // 3))),
+    "causal&dense": lambda B, L, S: masks.causal() & masks.dense(
+        torch.rand(B, 1, L, S, generator=torch.Generator().manual_seed(4)) > 0.3),
+}
+
+
+@pytest.mark.parametrize("tiles", [(64, 128), (16, 32), (None, None)], ids=["64x128", "16x32", "default"])
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_bf16_tiles_are_as_accurate_as_the_bf16_reference(shape, mask_name, tiles):
+    B, H, Hkv, L, S, D, Dv = shape
+    g = torch.Generator().manual_seed(hash(shape) % 1000)
+    q, k, v = (torch.randn(B, h, n, d, generator=g).bfloat16()
+               for h, n, d in ((H, L, D), (Hkv, S, D), (Hkv, S, Dv)))
+    bias = torch.randn(1, H, L, S, generator=g).bfloat16() if mask_name == "causal" else None
+    fn = partial(native_attention, tile_q=tiles[0], tile_k=tiles[1])
+    errs = errors(fn, q, k, v, bias, MASKS[mask_name](B, L, S))
+    for name, (cand, ref) in errs.items():
+        factor = 2 if name == "out" else 3
+        assert cand <= factor * ref + FLOOR[torch.bfloat16], f"{name}: err {cand:.2e} vs reference {ref:.2e}"
+
+
+def test_a_relative_bias_and_softcap_on_the_tiles():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 150, 64, generator=g) for _ in range(3))
+    alibi = ALiBi(4)
+    want = reference_attention(q.double(), k.double(), v.double(), mask=masks.causal(),
+                               bias=ALiBi(4).double().bias(), scale=0.125, softcap=5.0)
+    ref = reference_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask=masks.causal(), bias=alibi.bias(),
+                              scale=0.125, softcap=5.0)
+    out = native_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask=masks.causal(), bias=alibi.bias(),
+                           scale=0.125, softcap=5.0, tile_q=32, tile_k=64)
+    assert (out.double() - want).abs().max() <= 2 * (ref.double() - want).abs().max() + FLOOR[torch.bfloat16]
+
+
+def test_strided_views_on_the_tiles():
+    x = torch.randn(2, 77, 4, 64).bfloat16()
+    q = x.transpose(1, 2)                                                     # (B, H, L, D) view of (B, L, H, D)
+    out = native_attention(q, q, q, mask=masks.causal(), scale=0.125, tile_q=32, tile_k=32)
+    want = native_attention(q.contiguous(), q.contiguous(), q.contiguous(), mask=masks.causal(), scale=0.125,
+                            tile_q=32, tile_k=32)
+    assert torch.equal(out, want)
+
+
+def test_the_tiles_and_the_blas_path_agree():
+    """tile_k = 120 (not a multiple of 16) runs MKL's bf16 GEMM: the same sums in another order."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).bfloat16() for _ in range(3))
+    tiles = native_attention(q, k, v, mask=masks.causal(), scale=0.125, tile_q=64, tile_k=128)
+    blas = native_attention(q, k, v, mask=masks.causal(), scale=0.125, tile_q=64, tile_k=120)
+    torch.testing.assert_close(tiles, blas, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("window", [(8, 0), (9, 0), (6, 3)])
+def test_nan_outside_a_tiles_key_range_never_reaches_the_output(window):
+    """Key chunks start on a multiple of 16 and V is read in pairs: the keys below a tile's range that
+    this drags in (the one next to an odd first key included) must add nothing, not even 0 * NaN."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 96, 64, generator=g).bfloat16() for _ in range(3))
+    mask = masks.window(*window)
+    first = int(mask.dense(96, 96)[..., 32:40, :].reshape(8, 96).any(0).nonzero().min())   # the tile's first key
+    k[:, :, :first], v[:, :, :first] = float("nan"), float("nan")
+    out = native_attention(q, k, v, mask=mask, scale=0.125, tile_q=8, tile_k=32)
+    ref = reference_attention(q[:, :, 32:], k[:, :, first:], v[:, :, first:], mask=masks.window(*window),
+                              scale=0.125)
+    assert torch.isfinite(out[:, :, 32:]).all()
+    torch.testing.assert_close(out[:, :, 32:], ref, atol=2e-2, rtol=2e-2)
+
+
+def test_the_nan_cases_include_odd_first_keys():
+    firsts = {int(masks.window(*w).dense(96, 96)[..., 32:40, :].reshape(8, 96).any(0).nonzero().min()) % 2
+              for w in [(8, 0), (9, 0), (6, 3)]}
+    assert firsts == {0, 1}
