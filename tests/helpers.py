@@ -96,10 +96,11 @@ def make_mask(kind: str, B: int, H: int, L: int, S: int, seed: int = 0):
     raise ValueError(kind)
 
 
-def errors(fn, q, k, v, bias, mask, scale=None, seed=0):
+def errors(fn, q, k, v, bias, mask, scale=None, seed=0, **kw):
     """Max abs errors of ``fn`` and of the same-dtype reference, both against the fp64 reference.
 
-    Returns {name: (candidate_err, reference_err)} for out, dq, dk, dv (and dbias).
+    ``kw`` (softcap, dropout_p, dropout_seed...) goes to all three. Returns {name: (candidate_err,
+    reference_err)} for out, dq, dk, dv (and dbias).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g = torch.Generator().manual_seed(seed + 7)
@@ -107,7 +108,7 @@ def errors(fn, q, k, v, bias, mask, scale=None, seed=0):
 
     def run(f, dtype):
         leaves = [t.detach().to(dtype).requires_grad_() if t is not None else None for t in (q, k, v, bias)]
-        out = f(*leaves[:3], mask=mask, bias=leaves[3], scale=scale)
+        out = f(*leaves[:3], mask=mask, bias=leaves[3], scale=scale, **kw)
         out.backward(dout.to(out.dtype))
         return [out.detach()] + [t.grad if t is not None else None for t in leaves]
 

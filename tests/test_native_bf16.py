@@ -59,6 +59,17 @@ def test_bf16_tiles_are_as_accurate_as_the_bf16_reference(shape, mask_name, tile
         assert cand <= factor * ref + FLOOR[torch.bfloat16], f"{name}: err {cand:.2e} vs reference {ref:.2e}"
 
 
+@pytest.mark.parametrize("kw", [{"dropout_p": 0.2, "dropout_seed": 3}, {"softcap": 4.0}], ids=["dropout", "softcap"])
+def test_dropout_and_softcap_on_the_tiles(kw):
+    """Outputs and gradients (the backward's five products run on the tiles too) against fp64 truth."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 4, 150, 64, generator=g).bfloat16() for _ in range(3))
+    errs = errors(partial(native_attention, tile_q=32, tile_k=64), q, k, v, None, masks.causal(), **kw)
+    for name, (cand, ref) in errs.items():
+        factor = 2 if name == "out" else 3
+        assert cand <= factor * ref + FLOOR[torch.bfloat16], f"{name}: err {cand:.2e} vs reference {ref:.2e}"
+
+
 def test_a_relative_bias_and_softcap_on_the_tiles():
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 4, 150, 64, generator=g) for _ in range(3))

@@ -9,6 +9,9 @@
 //   dS = P o (dP - delta)                  delta_i = sum_d dO_id O_id (computed by the caller)
 //   dQ += scale dS K,  dK += scale dS^T Q  (dS times 1 - tanh^2 under a softcap)
 // and the bias gradient dS is written (dense) or summed along the diagonals (relative table).
+// bfloat16 on AVX512-BF16 runs the five products on the tiles of dpbf16.h: dV and dK are
+// accumulated transposed (dV^T += dO^T P: lanes over keys) per (b, h) and written once at the end.
+#include "dpbf16.h"
 #include "native.h"
 
 namespace attnlab {
@@ -30,7 +33,7 @@ struct Grads {
 template <typename scalar_t>
 void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scalar_t* q, const int64_t* qs,
                      const scalar_t* k, const int64_t* ks, const scalar_t* v, const int64_t* vs,
-                     const Grads<scalar_t>& g) {
+                     const Grads<scalar_t>& g, const PackedKV* pk) {
   using acc_t = typename Acc<scalar_t>::type;
   using Vec = at::vec::Vectorized<acc_t>;
   const int64_t VW = Vec::size();
@@ -38,6 +41,8 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
   const acc_t alpha_qk = qk_alpha(pb);
   const acc_t scale = static_cast<acc_t>(pb.scale);
   constexpr bool same = std::is_same_v<scalar_t, acc_t>;
+  const bool tiles16 = pk != nullptr;
+  const int64_t S16 = tiles16 ? pk->S16 : 0, half = (pb.BQ + 1) / 2;
 
   at::parallel_for(0, pb.B * pb.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> s(pb.BQ * pb.BK), dp(pb.BQ * pb.BK);     // (BQ, BK) P and dP -> dS
@@ -47,6 +52,10 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
     std::vector<acc_t> dq(pb.BQ * pb.D);                           // (BQ, D) this tile's dQ
     std::vector<scalar_t> dout_t(pb.BQ * pb.Dv);                   // (BQ, Dv) dO rows, contiguous
     RowPlan rp(pb.BQ);
+    // the tiles' operands: dV^T, dK^T of one (b, h); dO, Q, P, dS as pairs of rows
+    std::vector<acc_t> dvt(tiles16 ? pb.Dv * S16 : 0), dkt(tiles16 ? pb.D * S16 : 0);
+    std::vector<uint32_t> opair(tiles16 ? half * pb.Dv : 0), qpair(tiles16 ? half * pb.D : 0);
+    std::vector<uint32_t> ppair(tiles16 ? half * pb.BK : 0), dspair(tiles16 ? half * pb.BK : 0);
 
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / pb.H, h = bh % pb.H, hk = h / pb.G;
@@ -54,6 +63,9 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
       const scalar_t* vb = v + b * vs[0] + hk * vs[1];
       acc_t* dkb = g.dk + bh * pb.S * pb.D;
       acc_t* dvb = g.dv + bh * pb.S * pb.Dv;
+      const int64_t bhk = b * pb.Hkv + hk;
+      std::fill(dvt.begin(), dvt.end(), acc_t(0));
+      std::fill(dkt.begin(), dkt.end(), acc_t(0));
       for (int64_t t = 0; t < nq; ++t) {
         const int64_t r0 = t * pb.BQ, nr = std::min(pb.BQ, pb.L - r0);
         const scalar_t* qt = q + b * qs[0] + h * qs[1] + r0 * qs[2];
@@ -62,33 +74,51 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
         const acc_t* lse = g.lse + bh * pb.L + r0;
         const acc_t* delta = g.delta + bh * pb.L + r0;
         std::fill(dq.begin(), dq.begin() + nr * pb.D, acc_t(0));
+        if constexpr (!same) {
+          if (tiles16) {
+            pair_rows(dout_t.data(), pb.Dv, nr, pb.Dv, opair.data());
+            pair_rows(qt, qs[2], nr, pb.D, qpair.data());
+          }
+        }
 
         int64_t klo, khi;
         tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, klo, khi);
+        const int64_t kfirst = klo;
+        if (tiles16) klo = klo / 16 * 16;                        // the tiles' key groups start on 16
         for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
           const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
+          const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
           bool all_full;
           if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
-          gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
+          if constexpr (!same) {
+            if (tiles16)
+              dpbf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
+          }
+          if (!tiles16)
+            gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
           // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN)
           for (int64_t r = 0; r < nr; ++r) {
             acc_t* row = s.data() + r * pb.BK;
             const int8_t kind = rp.kind[r];
             const acc_t lse_r = lse[r];
             if (kind == kEmpty || lse_r == -std::numeric_limits<acc_t>::infinity()) {
-              std::fill(row, row + nk, acc_t(0));
+              std::fill(row, row + ncols, acc_t(0));
               rp.kind[r] = kEmpty;
               continue;
             }
             const int64_t a = rp.a[r], e = rp.e[r];
-            if (std::isnan(lse_r)) { std::fill(row, row + nk, lse_r); continue; }   // exp_u20 would hide a NaN
+            if (std::isnan(lse_r)) {                                   // exp_u20 would hide a NaN
+              std::fill(row, row + nk, lse_r);
+              std::fill(row + nk, row + ncols, acc_t(0));
+              continue;
+            }
             row_logits(pb, b, h, r0 + r, c0, kind, a, e, row, th.empty() ? nullptr : th.data() + r * pb.BK);
             const Vec vl(lse_r);
             int64_t j = a;
             for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
             for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
             std::fill(row, row + a, acc_t(0));
-            std::fill(row + e, row + nk, acc_t(0));
+            std::fill(row + e, row + ncols, acc_t(0));
           }
           // P with dropout applied (what multiplied V in the forward pass)
           const acc_t* pv = s.data();
@@ -96,22 +126,32 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             const acc_t inv = static_cast<acc_t>(pb.drop.inv_keep);
             for (int64_t r = 0; r < nr; ++r) {
               const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(bh), static_cast<uint64_t>(r0 + r));
-              for (int64_t j = 0; j < nk; ++j)
+              for (int64_t j = 0; j < ncols; ++j)
                 pd[r * pb.BK + j] = pb.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? s[r * pb.BK + j] * inv : acc_t(0);
             }
             pv = pd.data();
           }
-          // dV[c0:c1] += Pd^T dO
-          gemm(true, false, nk, pb.Dv, nr, acc_t(1), as_input(pv, conv.data(), nr * pb.BK), pb.BK, dout_t.data(),
-               pb.Dv, acc_t(1), dvb + c0 * pb.Dv, pb.Dv);
-          // dP = dO V^T
-          gemm(false, true, nr, nk, pb.Dv, acc_t(1), dout_t.data(), pb.Dv, vb + c0 * vs[2], vs[2], acc_t(0),
-               dp.data(), pb.BK);
+          if constexpr (!same) {
+            if (tiles16) {   // dV^T[:, c0:] += dO^T Pd;  dP = dO V^T
+              pair_rows(pv, pb.BK, nr, ncols, ppair.data());
+              dpbf16_transposed(opair.data(), pb.Dv, ppair.data(), ncols, nr, 1.0f, dvt.data() + c0, S16);
+              dpbf16_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f,
+                                    dp.data(), pb.BK);
+            }
+          }
+          if (!tiles16) {
+            // dV[c0:c1] += Pd^T dO
+            gemm(true, false, nk, pb.Dv, nr, acc_t(1), as_input(pv, conv.data(), nr * pb.BK), pb.BK, dout_t.data(),
+                 pb.Dv, acc_t(1), dvb + c0 * pb.Dv, pb.Dv);
+            // dP = dO V^T
+            gemm(false, true, nr, nk, pb.Dv, acc_t(1), dout_t.data(), pb.Dv, vb + c0 * vs[2], vs[2], acc_t(0),
+                 dp.data(), pb.BK);
+          }
           // dS = P o (dP o Z / keep - delta), then the softcap's derivative; bias gradients
           for (int64_t r = 0; r < nr; ++r) {
             acc_t* dsr = dp.data() + r * pb.BK;
             const acc_t* pr = s.data() + r * pb.BK;
-            if (rp.kind[r] == kEmpty) { std::fill(dsr, dsr + nk, acc_t(0)); continue; }
+            if (rp.kind[r] == kEmpty) { std::fill(dsr, dsr + ncols, acc_t(0)); continue; }
             const int64_t a = rp.a[r], e = rp.e[r], i = r0 + r;
             if (pb.drop.p > 0.0) {
               const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(bh), static_cast<uint64_t>(i));
@@ -124,7 +164,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             for (; j + VW <= e; j += VW) (Vec::loadu(pr + j) * (Vec::loadu(dsr + j) - vd)).store(dsr + j);
             for (; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
             std::fill(dsr, dsr + a, acc_t(0));
-            std::fill(dsr + e, dsr + nk, acc_t(0));
+            std::fill(dsr + e, dsr + ncols, acc_t(0));
             if (g.dbias != nullptr && pb.bias_kind == 1) {          // dense: dbias[b, h, i, c0 + j] = dS
               acc_t* out = g.dbias + (bh * pb.L + i) * pb.S + c0;
               std::copy(dsr + a, dsr + e, out + a);
@@ -141,11 +181,26 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             }
           }
           const scalar_t* dsi = as_input(dp.data(), conv.data(), nr * pb.BK);
+          if constexpr (!same) {
+            if (tiles16) {   // dQ += scale dS K (keys [kfirst, c1) only);  dK^T[:, c0:] += scale Q^T dS
+              dpbf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, std::max<int64_t>(kfirst - c0, 0),
+                                   nk, scale, dq.data(), pb.D);
+              pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
+              dpbf16_transposed(qpair.data(), pb.D, dspair.data(), ncols, nr, scale, dkt.data() + c0, S16);
+              continue;
+            }
+          }
           // dQ += scale dS K;  dK[c0:c1] += scale dS^T Q
           gemm(false, false, nr, pb.D, nk, scale, dsi, pb.BK, kb + c0 * ks[2], ks[2], acc_t(1), dq.data(), pb.D);
           gemm(true, false, nk, pb.D, nr, scale, dsi, pb.BK, qt, qs[2], acc_t(1), dkb + c0 * pb.D, pb.D);
         }
         std::copy_n(dq.data(), nr * pb.D, g.dq + (bh * pb.L + r0) * pb.D);
+      }
+      if (tiles16) {   // dV, dK (S, X) from their transposes (X, S16)
+        for (int64_t j = 0; j < pb.S; ++j) {
+          for (int64_t d = 0; d < pb.Dv; ++d) dvb[j * pb.Dv + d] = dvt[d * S16 + j];
+          for (int64_t d = 0; d < pb.D; ++d) dkb[j * pb.D + d] = dkt[d * S16 + j];
+        }
       }
     }
   });
@@ -172,7 +227,16 @@ void run_backward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Ten
     g.dbias = dbias->data_ptr<acc_t>();
     g.dbias_sl = (pb.bias_kind == 2 && dbias->size(2) > 1) ? pb.tW : 0;
   }
-  backward_kernel<scalar_t>(pb, q.data_ptr<scalar_t>(), qs, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, g);
+  PackedKV packed;
+  const PackedKV* pk = nullptr;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (uses_dpbf16(pb)) {
+      packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv, true);
+      pk = &packed;
+    }
+  }
+  backward_kernel<scalar_t>(pb, q.data_ptr<scalar_t>(), qs, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, g,
+                            pk);
 }
 
 template void run_backward<float>(const Problem<float>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

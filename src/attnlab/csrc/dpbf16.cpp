@@ -1,25 +1,25 @@
-// bfloat16 tile GEMMs on AVX512-BF16: the two products of the forward pass, S = Q K^T and
-// O += P V, as register-blocked micro-kernels over vdpbf16ps.
+// bfloat16 tile GEMMs on AVX512-BF16: every product of attention's forward and backward passes as
+// one register-blocked micro-kernel over vdpbf16ps.
 //
 // Why not MKL here: cblas_gemm_bf16bf16f32 (and oneDNN's brgemm without AMX) ran at about fp32
 // speed on these tile shapes (64..256 rows, D = 64), because each call re-packs its operands. The
-// instruction itself does 32 multiply-adds per 512-bit vector -- twice fp32's FMA -- if its second
-// operand is laid out in "VNNI" pairs: lane n of a vector holds two bfloat16 that are adjacent
-// along the reduction dimension. K and V are packed that way once per call (O(S D), not per tile):
-//
-//   K (S, D) -> groups of 16 keys, each [D/2][16] 32-bit words: word (p, n) = (K[16g+n][2p], K[16g+n][2p+1])
-//   V (S, Dv) -> key pairs, each [Dv] words:                     word (q, d) = (V[2q][d], V[2q+1][d])
-//
-// The first operand is a row of Q (pairs along D) or of P (pairs along keys): a row-major bfloat16
-// row already holds its pairs as 32-bit words, broadcast to all lanes. Keys are padded with zeros
-// to a multiple of 16, so a tile's columns never read past the packed buffer.
+// instruction does 32 multiply-adds per 512-bit vector -- twice fp32's FMA -- when its operands
+// hold "pairs": two bfloat16 adjacent along the reduction dimension in each 32-bit word.
+//   C[r, lanes] (+)= alpha * sum_p A[r, p] . B[p, lanes]      (A[r, p], B[p, n]: one pair each)
+// A's word is broadcast to all 16 lanes; B is a vector of 16 pairs. A row-major bfloat16 row already
+// holds its pairs along the row (Q, dO, P, dS rows); everything else is packed:
+//   groups: 16 keys at a time, [X/2][16] words, word (p, n) = (K[16g+n][2p], K[16g+n][2p+1])
+//   pairs:  [rows / 2][X] words, word (i, c) = (X[2i][c], X[2i+1][c])
+// K and V are packed once per call (O(S D)); dO and Q once per query tile; P and dS per block,
+// with a vector conversion. Keys are padded with zeros to a multiple of 16.
 #include "dpbf16.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define ATTNLAB_DPBF16 1
 #endif
 
+#include <algorithm>
 #include <cstring>
 
 namespace attnlab {
@@ -34,9 +34,9 @@ bool dpbf16_built() {
 
 namespace {
 
-inline uint32_t word(const at::BFloat16* row, int64_t p) {
+inline uint32_t load_word(const void* p) {
   uint32_t w;
-  std::memcpy(&w, row + 2 * p, sizeof(w));   // (row[2p], row[2p+1]); unaligned-safe
+  std::memcpy(&w, p, sizeof(w));             // unaligned-safe; one mov
   return w;
 }
 
@@ -44,41 +44,53 @@ inline uint32_t pair(at::BFloat16 lo, at::BFloat16 hi) {
   return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
 }
 
+// One kv head of x (S rows, X columns) as groups of 16 rows: out[g][p][n] = (x[16g+n][2p], x[16g+n][2p+1]).
+void pack_groups(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64_t S16, uint32_t* out) {
+  const int64_t P = X / 2;
+  for (int64_t g = 0; g < S16 / 16; ++g)
+    for (int64_t n = 0; n < 16; ++n) {
+      const int64_t j = 16 * g + n;
+      uint32_t* o = out + g * 16 * P + n;
+      for (int64_t p = 0; p < P; ++p) o[p * 16] = j < S ? load_word(x + j * ld + 2 * p) : 0u;
+    }
+}
+
 }  // namespace
 
+void pair_rows(const at::BFloat16* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) {
+  const at::BFloat16 zero(0.0f);
+  for (int64_t i = 0; i < n; i += 2) {
+    const at::BFloat16* r0 = x + i * ld;
+    const at::BFloat16* r1 = i + 1 < n ? r0 + ld : nullptr;
+    uint32_t* o = out + (i / 2) * X;
+    for (int64_t c = 0; c < X; ++c) o[c] = pair(r0[c], r1 ? r1[c] : zero);
+  }
+}
+
 PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v, const int64_t* vs, int64_t B,
-                 int64_t Hkv, int64_t S, int64_t D, int64_t Dv) {
+                 int64_t Hkv, int64_t S, int64_t D, int64_t Dv, bool backward) {
   PackedKV pk;
   pk.S16 = (S + 15) / 16 * 16;
   pk.D = D;
   pk.Dv = Dv;
   const auto opts = at::TensorOptions().dtype(at::kInt);
-  pk.k = at::empty({B * Hkv, pk.S16 * D / 2}, opts);    // (B Hkv, S16/16, D/2, 16) words
-  pk.v = at::empty({B * Hkv, pk.S16 / 2 * Dv}, opts);   // (B Hkv, S16/2, Dv) words
-  uint32_t* kp = reinterpret_cast<uint32_t*>(pk.k.data_ptr<int32_t>());
-  uint32_t* vp = reinterpret_cast<uint32_t*>(pk.v.data_ptr<int32_t>());
-  const int64_t P = D / 2, groups = pk.S16 / 16;
-  at::parallel_for(0, B * Hkv * groups, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t bh = unit / groups, g = unit % groups, b = bh / Hkv, h = bh % Hkv;
-      uint32_t* kg = kp + bh * pk.S16 * P + g * 16 * P;
-      uint32_t* vg = vp + bh * (pk.S16 / 2) * Dv + g * 8 * Dv;
-      for (int64_t n = 0; n < 16; ++n) {
-        const int64_t j = 16 * g + n;
-        if (j < S) {
-          const at::BFloat16* kr = k + b * ks[0] + h * ks[1] + j * ks[2];
-          for (int64_t p = 0; p < P; ++p) kg[p * 16 + n] = word(kr, p);
-        } else {
-          for (int64_t p = 0; p < P; ++p) kg[p * 16 + n] = 0;
-        }
-      }
-      const at::BFloat16 zero(0.0f);
-      for (int64_t q = 0; q < 8; ++q) {
-        const int64_t j = 16 * g + 2 * q;
-        const at::BFloat16* v0 = j < S ? v + b * vs[0] + h * vs[1] + j * vs[2] : nullptr;
-        const at::BFloat16* v1 = j + 1 < S ? v + b * vs[0] + h * vs[1] + (j + 1) * vs[2] : nullptr;
-        for (int64_t d = 0; d < Dv; ++d)
-          vg[q * Dv + d] = pair(v0 ? v0[d] : zero, v1 ? v1[d] : zero);
+  auto words = [](const at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); };
+  pk.k_groups = at::empty({B * Hkv, pk.S16 * D / 2}, opts);
+  pk.v_pairs = at::zeros({B * Hkv, pk.S16 * Dv / 2}, opts);    // zeros: the pairs past S stay 0
+  if (backward) {
+    pk.v_groups = at::empty({B * Hkv, pk.S16 * Dv / 2}, opts);
+    pk.k_pairs = at::zeros({B * Hkv, pk.S16 * D / 2}, opts);
+  }
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / Hkv, h = bh % Hkv;
+      const at::BFloat16* kb = k + b * ks[0] + h * ks[1];
+      const at::BFloat16* vb = v + b * vs[0] + h * vs[1];
+      pack_groups(kb, ks[2], S, D, pk.S16, words(pk.k_groups) + bh * pk.S16 * D / 2);
+      pair_rows(vb, vs[2], S, Dv, words(pk.v_pairs) + bh * pk.S16 * Dv / 2);
+      if (backward) {
+        pack_groups(vb, vs[2], S, Dv, pk.S16, words(pk.v_groups) + bh * pk.S16 * Dv / 2);
+        pair_rows(kb, ks[2], S, D, words(pk.k_pairs) + bh * pk.S16 * D / 2);
       }
     }
   });
@@ -90,139 +102,136 @@ namespace {
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
-// S[r, 16 g + n] = alpha * sum_d Q[r, d] K[16 g + n, d] for MR rows and NG groups of 16 keys.
-template <int MR, int NG>
-inline void qk_block(const at::BFloat16* q, int64_t ldq, const uint32_t* kg, int64_t P, float alpha, float* s,
-                     int64_t lds) {
+// C[r, 16 g + n] (+)= alpha * sum_p A[r, p] . B[p, g, n] for MR rows and NG vectors of 16 lanes.
+// A's words at a + r * a_row + p * a_pair (bytes); B's vectors at b + p * b_pair + g * b_group (words).
+// With Keep, each B word is ANDed with `keep` first (an edge pair with one row outside the range).
+template <int MR, int NG, bool Acc, bool Keep>
+inline void dp_block(const char* a, int64_t a_row, int64_t a_pair, const uint32_t* b, int64_t b_pair,
+                     int64_t b_group, int64_t pairs, float alpha, float* c, int64_t ldc, uint32_t keep) {
   __m512 acc[MR][NG];
   for (int r = 0; r < MR; ++r)
     for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < P; ++p) {
-    __m512i b[NG];
-    for (int g = 0; g < NG; ++g) b[g] = _mm512_loadu_si512(kg + g * 16 * P + p * 16);
+  const __m512i vkeep = _mm512_set1_epi32(static_cast<int>(keep));
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i bv[NG];
+    for (int g = 0; g < NG; ++g) {
+      bv[g] = _mm512_loadu_si512(b + p * b_pair + g * b_group);
+      if constexpr (Keep) bv[g] = _mm512_and_si512(bv[g], vkeep);
+    }
     for (int r = 0; r < MR; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(word(q + r * ldq, p)));
-      for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(a), as_bh(b[g]));
+      const __m512i av = _mm512_set1_epi32(static_cast<int>(load_word(a + r * a_row + p * a_pair)));
+      for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(av), as_bh(bv[g]));
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
   for (int r = 0; r < MR; ++r)
-    for (int g = 0; g < NG; ++g) _mm512_storeu_ps(s + r * lds + g * 16, _mm512_mul_ps(acc[r][g], va));
-}
-
-// O[r, 16 c + n] += sum_j P[r, j] V[j, 16 c + n] for MR rows and NC column groups, over Q key pairs.
-// With Keep, each V word is ANDed with `keep` first: an edge pair whose other key lies outside the
-// tile's key range is read as 0 there (P is 0 there too, but 0 * NaN would still be NaN).
-template <int MR, int NC, bool Keep>
-inline void pv_block(const at::BFloat16* p, int64_t ldp, const uint32_t* vq, int64_t Q, int64_t Dv, float* o,
-                     int64_t ldo, uint32_t keep) {
-  __m512 acc[MR][NC];
-  const __m512i vkeep = _mm512_set1_epi32(static_cast<int>(keep));
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_loadu_ps(o + r * ldo + c * 16);
-  for (int64_t j = 0; j < Q; ++j) {
-    __m512i b[NC];
-    for (int c = 0; c < NC; ++c) {
-      b[c] = _mm512_loadu_si512(vq + j * Dv + c * 16);
-      if constexpr (Keep) b[c] = _mm512_and_si512(b[c], vkeep);
+    for (int g = 0; g < NG; ++g) {
+      float* dst = c + r * ldc + g * 16;
+      const __m512 prev = Acc ? _mm512_loadu_ps(dst) : _mm512_setzero_ps();
+      _mm512_storeu_ps(dst, _mm512_fmadd_ps(acc[r][g], va, prev));
     }
-    for (int r = 0; r < MR; ++r) {
-      const __m512i a = _mm512_set1_epi32(static_cast<int>(word(p + r * ldp, j)));
-      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(a), as_bh(b[c]));
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(o + r * ldo + c * 16, acc[r][c]);
 }
 
 constexpr int kMR = 6;   // 6 rows x 4 vectors = 24 accumulators of the 32 zmm registers
 
-template <int NG>
-void qk_rows(const at::BFloat16* q, int64_t ldq, int64_t nr, const uint32_t* kg, int64_t P, float alpha, float* s,
-             int64_t lds) {
+template <int NG, bool Acc, bool Keep>
+void dp_rows(int64_t M, const char* a, int64_t a_row, int64_t a_pair, const uint32_t* b, int64_t b_pair,
+             int64_t b_group, int64_t pairs, float alpha, float* c, int64_t ldc, uint32_t keep) {
   int64_t r = 0;
-  for (; r + kMR <= nr; r += kMR) qk_block<kMR, NG>(q + r * ldq, ldq, kg, P, alpha, s + r * lds, lds);
-  switch (nr - r) {
-    case 5: qk_block<5, NG>(q + r * ldq, ldq, kg, P, alpha, s + r * lds, lds); break;
-    case 4: qk_block<4, NG>(q + r * ldq, ldq, kg, P, alpha, s + r * lds, lds); break;
-    case 3: qk_block<3, NG>(q + r * ldq, ldq, kg, P, alpha, s + r * lds, lds); break;
-    case 2: qk_block<2, NG>(q + r * ldq, ldq, kg, P, alpha, s + r * lds, lds); break;
-    case 1: qk_block<1, NG>(q + r * ldq, ldq, kg, P, alpha, s + r * lds, lds); break;
+  for (; r + kMR <= M; r += kMR)
+    dp_block<kMR, NG, Acc, Keep>(a + r * a_row, a_row, a_pair, b, b_pair, b_group, pairs, alpha, c + r * ldc, ldc,
+                                 keep);
+#define ATTNLAB_TAIL(mr)                                                                                         \
+  case mr:                                                                                                       \
+    dp_block<mr, NG, Acc, Keep>(a + r * a_row, a_row, a_pair, b, b_pair, b_group, pairs, alpha, c + r * ldc, ldc, \
+                                keep);                                                                           \
+    break;
+  switch (M - r) {
+    ATTNLAB_TAIL(5) ATTNLAB_TAIL(4) ATTNLAB_TAIL(3) ATTNLAB_TAIL(2) ATTNLAB_TAIL(1)
+    default: break;
+  }
+#undef ATTNLAB_TAIL
+}
+
+// C (M, 16 N16; row stride ldc) (+)= alpha * A B over `pairs` pairs, N16 vectors of lanes in steps of 4.
+template <bool Acc, bool Keep>
+void dp_gemm(int64_t M, int64_t N16, int64_t pairs, const char* a, int64_t a_row, int64_t a_pair, const uint32_t* b,
+             int64_t b_pair, int64_t b_group, float alpha, float* c, int64_t ldc, uint32_t keep = ~0u) {
+  if (M <= 0 || pairs <= 0) return;
+  int64_t g = 0;
+  for (; g + 4 <= N16; g += 4)
+    dp_rows<4, Acc, Keep>(M, a, a_row, a_pair, b + g * b_group, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep);
+  const uint32_t* bg = b + g * b_group;
+  switch (N16 - g) {
+    case 3: dp_rows<3, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
+    case 2: dp_rows<2, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
+    case 1: dp_rows<1, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
     default: break;
   }
 }
 
-template <int NC, bool Keep>
-void pv_rows(const at::BFloat16* p, int64_t ldp, int64_t nr, const uint32_t* vq, int64_t Q, int64_t Dv, float* o,
-             int64_t ldo, uint32_t keep) {
-  int64_t r = 0;
-  for (; r + kMR <= nr; r += kMR) pv_block<kMR, NC, Keep>(p + r * ldp, ldp, vq, Q, Dv, o + r * ldo, ldo, keep);
-  switch (nr - r) {
-    case 5: pv_block<5, NC, Keep>(p + r * ldp, ldp, vq, Q, Dv, o + r * ldo, ldo, keep); break;
-    case 4: pv_block<4, NC, Keep>(p + r * ldp, ldp, vq, Q, Dv, o + r * ldo, ldo, keep); break;
-    case 3: pv_block<3, NC, Keep>(p + r * ldp, ldp, vq, Q, Dv, o + r * ldo, ldo, keep); break;
-    case 2: pv_block<2, NC, Keep>(p + r * ldp, ldp, vq, Q, Dv, o + r * ldo, ldo, keep); break;
-    case 1: pv_block<1, NC, Keep>(p + r * ldp, ldp, vq, Q, Dv, o + r * ldo, ldo, keep); break;
-    default: break;
-  }
-}
-
-// Q key pairs starting at pair j0 (P's columns 2 j0 ...), every column group of Dv.
-template <bool Keep>
-void pv_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const uint32_t* vq, int64_t j0, int64_t Q, int64_t Dv,
-              float* o, int64_t ldo, uint32_t keep) {
-  if (Q <= 0) return;
-  p += 2 * j0;
-  vq += j0 * Dv;
-  int64_t c = 0;
-  const int64_t cols = Dv / 16;
-  for (; c + 4 <= cols; c += 4) pv_rows<4, Keep>(p, ldp, nr, vq + c * 16, Q, Dv, o + c * 16, ldo, keep);
-  switch (cols - c) {
-    case 3: pv_rows<3, Keep>(p, ldp, nr, vq + c * 16, Q, Dv, o + c * 16, ldo, keep); break;
-    case 2: pv_rows<2, Keep>(p, ldp, nr, vq + c * 16, Q, Dv, o + c * 16, ldo, keep); break;
-    case 1: pv_rows<1, Keep>(p, ldp, nr, vq + c * 16, Q, Dv, o + c * 16, ldo, keep); break;
-    default: break;
-  }
-}
+const uint32_t* words(const at::Tensor& t) { return reinterpret_cast<const uint32_t*>(t.data_ptr<int32_t>()); }
 
 }  // namespace
 
-void dpbf16_qk(const at::BFloat16* q, int64_t ldq, int64_t nr, const PackedKV& pk, int64_t bh, int64_t c0,
-               int64_t ncols, float alpha, float* s, int64_t lds) {
-  const int64_t P = pk.D / 2;
-  const uint32_t* kg = reinterpret_cast<const uint32_t*>(pk.k.data_ptr<int32_t>()) + bh * pk.S16 * P + c0 * P;
-  int64_t g = 0;
-  const int64_t groups = ncols / 16;
-  for (; g + 4 <= groups; g += 4) qk_rows<4>(q, ldq, nr, kg + g * 16 * P, P, alpha, s + g * 16, lds);
-  switch (groups - g) {
-    case 3: qk_rows<3>(q, ldq, nr, kg + g * 16 * P, P, alpha, s + g * 16, lds); break;
-    case 2: qk_rows<2>(q, ldq, nr, kg + g * 16 * P, P, alpha, s + g * 16, lds); break;
-    case 1: qk_rows<1>(q, ldq, nr, kg + g * 16 * P, P, alpha, s + g * 16, lds); break;
-    default: break;
+void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) {
+  // cvtne2ps gives [16 bf16 of its 2nd operand | 16 of its 1st]; the permutation interleaves them
+  alignas(64) static const int16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(order);
+  for (int64_t i = 0; i < n; i += 2) {
+    const float* r0 = x + i * ld;
+    const float* r1 = i + 1 < n ? r0 + ld : nullptr;
+    uint32_t* o = out + (i / 2) * X;
+    for (int64_t c = 0; c < X; c += 16) {
+      const __m512 x0 = _mm512_loadu_ps(r0 + c), x1 = r1 ? _mm512_loadu_ps(r1 + c) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+      _mm512_storeu_si512(o + c, _mm512_permutexvar_epi16(idx, both));
+    }
   }
 }
 
-void dpbf16_pv(const at::BFloat16* p, int64_t ldp, int64_t nr, const PackedKV& pk, int64_t bh, int64_t c0,
-               int64_t ka, int64_t kb, float* o, int64_t ldo) {
-  const int64_t Dv = pk.Dv;
-  const uint32_t* vq = reinterpret_cast<const uint32_t*>(pk.v.data_ptr<int32_t>()) + bh * (pk.S16 / 2) * Dv +
-                       c0 / 2 * Dv;
-  // whole pairs inside [ka, kb); an odd ka or kb leaves an edge pair with one key outside
+void dpbf16_rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
+                           int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
+  const uint32_t* gb = words(groups) + bh * S16 * X / 2 + c0 * X / 2;
+  dp_gemm<false, false>(nr, ncols / 16, X / 2, reinterpret_cast<const char*>(a), 2 * lda, 4, gb, 16, 8 * X, alpha, s,
+                        lds);
+}
+
+void dpbf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
+                          int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
+                          int64_t ldo) {
+  const uint32_t* vq = words(pairs) + bh * S16 * X / 2 + c0 / 2 * X;
+  const char* pc = reinterpret_cast<const char*>(p);
+  // pair j covers keys 2j, 2j + 1: whole pairs inside [ka, kb), then the edge pairs masked
   const int64_t first = (ka + 1) / 2, last = kb / 2;
-  if (ka % 2) pv_pairs<true>(p, ldp, nr, vq, ka / 2, 1, Dv, o, ldo, 0xFFFF0000u);   // keep key ka (the high half)
-  pv_pairs<false>(p, ldp, nr, vq, first, last - first, Dv, o, ldo, 0u);
-  if (kb % 2) pv_pairs<true>(p, ldp, nr, vq, kb / 2, 1, Dv, o, ldo, 0x0000FFFFu);   // keep key kb - 1 (the low half)
+  dp_gemm<true, false>(nr, X / 16, last - first, pc + 4 * first, 2 * ldp, 4, vq + first * X, X, 16, alpha, o, ldo);
+  if (ka % 2)   // keep key ka, the high half of its pair
+    dp_gemm<true, true>(nr, X / 16, 1, pc + 4 * (ka / 2), 2 * ldp, 4, vq + ka / 2 * X, X, 16, alpha, o, ldo,
+                        0xFFFF0000u);
+  if (kb % 2)   // keep key kb - 1, the low half of its pair
+    dp_gemm<true, true>(nr, X / 16, 1, pc + 4 * (kb / 2), 2 * ldp, 4, vq + kb / 2 * X, X, 16, alpha, o, ldo,
+                        0x0000FFFFu);
+}
+
+void dpbf16_transposed(const uint32_t* a_pairs, int64_t X, const uint32_t* b_pairs, int64_t ncols, int64_t nr,
+                       float alpha, float* ct, int64_t ldc) {
+  dp_gemm<true, false>(X, ncols / 16, (nr + 1) / 2, reinterpret_cast<const char*>(a_pairs), 4, 4 * X, b_pairs,
+                       ncols, 16, alpha, ct, ldc);
 }
 
 #else   // built without AVX512-BF16: never called (dpbf16_built() is false)
 
-void dpbf16_qk(const at::BFloat16*, int64_t, int64_t, const PackedKV&, int64_t, int64_t, int64_t, float, float*,
-               int64_t) {
-  TORCH_CHECK(false, "attnlab: the AVX512-BF16 tile kernel was not built on this machine");
-}
-void dpbf16_pv(const at::BFloat16*, int64_t, int64_t, const PackedKV&, int64_t, int64_t, int64_t, int64_t, float*,
-               int64_t) {
-  TORCH_CHECK(false, "attnlab: the AVX512-BF16 tile kernel was not built on this machine");
+namespace {
+[[noreturn]] void not_built() { TORCH_CHECK(false, "attnlab: the AVX512-BF16 tiles were not built on this machine"); }
+}  // namespace
+void pair_rows(const float*, int64_t, int64_t, int64_t, uint32_t*) { not_built(); }
+void dpbf16_rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, float, float*, int64_t) { not_built(); }
+void dpbf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
+void dpbf16_transposed(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float, float*, int64_t) {
+  not_built();
 }
 
 #endif

@@ -107,7 +107,9 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         bool all_full;
         if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;       // an EMPTY block
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-          if (tiles16) dpbf16_qk(qt, qs[2], nr, *pk, b * pb.Hkv + hk, c0, ncols, alpha_qk, s.data(), pb.BK);
+          if (tiles16)
+            dpbf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk,
+                                  s.data(), pb.BK);
         }
         if (!tiles16)
           gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
@@ -118,8 +120,8 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         }
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
           if (tiles16) {
-            dpbf16_pv(p_in.data(), pb.BK, nr, *pk, b * pb.Hkv + hk, c0, std::max<int64_t>(kfirst - c0, 0), nk,
-                      o.data(), pb.Dv);
+            dpbf16_rows_by_pairs(p_in.data(), pb.BK, nr, pk->v_pairs, b * pb.Hkv + hk, pk->S16, pb.Dv, c0,
+                                 std::max<int64_t>(kfirst - c0, 0), nk, 1.0f, o.data(), pb.Dv);
             continue;
           }
         }
@@ -151,7 +153,8 @@ void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tens
   const PackedKV* pk = nullptr;
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     if (uses_dpbf16(pb)) {
-      packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv);
+      packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv,
+                       false);
       pk = &packed;
     }
   }
