@@ -49,7 +49,7 @@ try:
     src = os.path.join("src", "attnlab", "csrc")
     ext_modules = [CppExtension(
         "attnlab._native",
-        [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp", "dpbf16.cpp")],
+        [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp", "microkernel.cpp")],
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-unknown-pragmas"]
         + _vector_flags(os.environ.get("CXX", "g++")),
         extra_link_args=["-fopenmp"],

@@ -9,9 +9,9 @@
 //   dS = P o (dP - delta)                  delta_i = sum_d dO_id O_id (computed by the caller)
 //   dQ += scale dS K,  dK += scale dS^T Q  (dS times 1 - tanh^2 under a softcap)
 // and the bias gradient dS is written (dense) or summed along the diagonals (relative table).
-// bfloat16 on AVX512-BF16 runs the five products on the tiles of dpbf16.h: dV and dK are
+// bfloat16 on AVX512-BF16 runs the five products on the tiles of microkernel.h: dV and dK are
 // accumulated transposed (dV^T += dO^T P: lanes over keys) per (b, h) and written once at the end.
-#include "dpbf16.h"
+#include "microkernel.h"
 #include "native.h"
 
 namespace attnlab {
@@ -41,8 +41,9 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
   const acc_t alpha_qk = qk_alpha(pb);
   const acc_t scale = static_cast<acc_t>(pb.scale);
   constexpr bool same = std::is_same_v<scalar_t, acc_t>;
+  constexpr bool bf16 = std::is_same_v<scalar_t, at::BFloat16>, f32 = std::is_same_v<scalar_t, float>;
   const bool tiles16 = pk != nullptr;
-  const int64_t S16 = tiles16 ? pk->S16 : 0, half = (pb.BQ + 1) / 2;
+  const int64_t S16 = tiles16 ? pk->S16 : 0, half = bf16 && tiles16 ? (pb.BQ + 1) / 2 : 0;
 
   at::parallel_for(0, pb.B * pb.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> s(pb.BQ * pb.BK), dp(pb.BQ * pb.BK);     // (BQ, BK) P and dP -> dS
@@ -54,8 +55,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
     RowPlan rp(pb.BQ);
     // the tiles' operands: dV^T, dK^T of one (b, h); dO, Q, P, dS as pairs of rows
     std::vector<acc_t> dvt(tiles16 ? pb.Dv * S16 : 0), dkt(tiles16 ? pb.D * S16 : 0);
-    std::vector<uint32_t> opair(tiles16 ? half * pb.Dv : 0), qpair(tiles16 ? half * pb.D : 0);
-    std::vector<uint32_t> ppair(tiles16 ? half * pb.BK : 0), dspair(tiles16 ? half * pb.BK : 0);
+    std::vector<uint32_t> opair(half * pb.Dv), qpair(half * pb.D), ppair(half * pb.BK), dspair(half * pb.BK);
 
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / pb.H, h = bh % pb.H, hk = h / pb.G;
@@ -74,7 +74,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
         const acc_t* lse = g.lse + bh * pb.L + r0;
         const acc_t* delta = g.delta + bh * pb.L + r0;
         std::fill(dq.begin(), dq.begin() + nr * pb.D, acc_t(0));
-        if constexpr (!same) {
+        if constexpr (bf16) {
           if (tiles16) {
             pair_rows(dout_t.data(), pb.Dv, nr, pb.Dv, opair.data());
             pair_rows(qt, qs[2], nr, pb.D, qpair.data());
@@ -90,9 +90,12 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
           const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
           bool all_full;
           if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
-          if constexpr (!same) {
+          if constexpr (bf16) {
             if (tiles16)
-              dpbf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
+              bf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
+          } else if constexpr (f32) {
+            if (tiles16)
+              fp32_rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
           }
           if (!tiles16)
             gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
@@ -131,11 +134,17 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             }
             pv = pd.data();
           }
-          if constexpr (!same) {
+          if constexpr (f32) {
+            if (tiles16) {   // dV^T[:, c0:] += dO^T Pd;  dP = dO V^T (fp32: straight from the rows)
+              fp32_transposed(dout_t.data(), pb.Dv, pb.Dv, pv, pb.BK, ncols, nr, 1.0f, dvt.data() + c0, S16);
+              fp32_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f, dp.data(),
+                                  pb.BK);
+            }
+          } else if constexpr (bf16) {
             if (tiles16) {   // dV^T[:, c0:] += dO^T Pd;  dP = dO V^T
               pair_rows(pv, pb.BK, nr, ncols, ppair.data());
-              dpbf16_transposed(opair.data(), pb.Dv, ppair.data(), ncols, nr, 1.0f, dvt.data() + c0, S16);
-              dpbf16_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f,
+              bf16_transposed(opair.data(), pb.Dv, ppair.data(), ncols, nr, 1.0f, dvt.data() + c0, S16);
+              bf16_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f,
                                     dp.data(), pb.BK);
             }
           }
@@ -181,12 +190,19 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             }
           }
           const scalar_t* dsi = as_input(dp.data(), conv.data(), nr * pb.BK);
-          if constexpr (!same) {
+          if constexpr (f32) {
             if (tiles16) {   // dQ += scale dS K (keys [kfirst, c1) only);  dK^T[:, c0:] += scale Q^T dS
-              dpbf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, std::max<int64_t>(kfirst - c0, 0),
+              fp32_rows_by_rows(dp.data(), pb.BK, nr, kb + c0 * ks[2], ks[2], pb.D, std::max<int64_t>(kfirst - c0, 0),
+                                nk, scale, dq.data(), pb.D);
+              fp32_transposed(qt, qs[2], pb.D, dp.data(), pb.BK, ncols, nr, scale, dkt.data() + c0, S16);
+              continue;
+            }
+          } else if constexpr (bf16) {
+            if (tiles16) {   // dQ += scale dS K (keys [kfirst, c1) only);  dK^T[:, c0:] += scale Q^T dS
+              bf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, std::max<int64_t>(kfirst - c0, 0),
                                    nk, scale, dq.data(), pb.D);
               pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
-              dpbf16_transposed(qpair.data(), pb.D, dspair.data(), ncols, nr, scale, dkt.data() + c0, S16);
+              bf16_transposed(qpair.data(), pb.D, dspair.data(), ncols, nr, scale, dkt.data() + c0, S16);
               continue;
             }
           }
@@ -230,8 +246,15 @@ void run_backward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Ten
   PackedKV packed;
   const PackedKV* pk = nullptr;
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    if (uses_dpbf16(pb)) {
+    if (uses_tiles(pb)) {
       packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv, true);
+      pk = &packed;
+    }
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    if (uses_tiles(pb)) {
+      packed.k_groups = pack_key_groups(k.data_ptr<float>(), ks, pb.B, pb.Hkv, pb.S, pb.D);
+      packed.v_groups = pack_key_groups(v.data_ptr<float>(), vs, pb.B, pb.Hkv, pb.S, pb.Dv);
+      packed.S16 = (pb.S + 15) / 16 * 16;
       pk = &packed;
     }
   }

@@ -3,6 +3,7 @@
 // (attnlab/functional/backends/native.py) prepares the mask spans/bits and the bias table.
 #include <torch/extension.h>
 
+#include "microkernel.h"
 #include "native.h"
 
 namespace attnlab {
@@ -159,6 +160,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &attnlab::forward, "forward pass -> [out (B, H, L, Dv), lse (B, H, L)]");
   m.def("backward", &attnlab::backward, "backward pass -> [dq, dk, dv (per query head), dbias]");
   m.def("blas", &attnlab::blas_name, "which GEMM each dtype uses");
+  m.def("bf16_tiles", &attnlab::tiles_built, "whether bfloat16 runs on the AVX512-BF16 tiles (D, Dv multiples of 16)");
   m.def("capability", []() {
 #if defined(CPU_CAPABILITY_AVX512)
     return std::string("AVX512");

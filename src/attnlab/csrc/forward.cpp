@@ -6,7 +6,7 @@
 // online softmax (running max m and sum l per row; Milakov & Gimelshein 2018), and one GEMM
 // O += P V. The division by l is deferred to the end (Dao 2023), and the per-row log-sum-exp is
 // saved for the backward pass and for ring attention's merge.
-#include "dpbf16.h"
+#include "microkernel.h"
 #include "native.h"
 
 namespace attnlab {
@@ -74,7 +74,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
   const int64_t nq = pb.n_qtiles();
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
   const acc_t alpha_qk = qk_alpha(pb);
-  // bfloat16 on AVX512-BF16: K and V come packed (dpbf16.h), key chunks start on a multiple of 16
+  // bfloat16 on AVX512-BF16: K and V come packed (microkernel.h), key chunks start on a multiple of 16
   // and span whole groups of 16 (ncols) in S = Q K^T; O += P V reads only the tile's keys [kfirst, khi).
   const bool tiles16 = pk != nullptr;
 
@@ -108,20 +108,31 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;       // an EMPTY block
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
           if (tiles16)
-            dpbf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk,
+            bf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk,
                                   s.data(), pb.BK);
+        } else if constexpr (std::is_same_v<scalar_t, float>) {
+          if (tiles16)
+            fp32_rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk,
+                                s.data(), pb.BK);
         }
         if (!tiles16)
           gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
 
         for (int64_t r = 0; r < nr; ++r) {
           softmax_row(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * pb.BK, m.data(), l.data(), o.data());
-          if (tiles16) at::vec::convert(s.data() + r * pb.BK, p_in.data() + r * pb.BK, ncols);
+          if (tiles16 && !std::is_same_v<scalar_t, acc_t>)
+            at::vec::convert(s.data() + r * pb.BK, p_in.data() + r * pb.BK, ncols);
         }
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
           if (tiles16) {
-            dpbf16_rows_by_pairs(p_in.data(), pb.BK, nr, pk->v_pairs, b * pb.Hkv + hk, pk->S16, pb.Dv, c0,
+            bf16_rows_by_pairs(p_in.data(), pb.BK, nr, pk->v_pairs, b * pb.Hkv + hk, pk->S16, pb.Dv, c0,
                                  std::max<int64_t>(kfirst - c0, 0), nk, 1.0f, o.data(), pb.Dv);
+            continue;
+          }
+        } else if constexpr (std::is_same_v<scalar_t, float>) {
+          if (tiles16) {
+            fp32_rows_by_rows(s.data(), pb.BK, nr, vb + c0 * vs[2], vs[2], pb.Dv, std::max<int64_t>(kfirst - c0, 0),
+                              nk, 1.0f, o.data(), pb.Dv);
             continue;
           }
         }
@@ -152,9 +163,15 @@ void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tens
   PackedKV packed;
   const PackedKV* pk = nullptr;
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    if (uses_dpbf16(pb)) {
+    if (uses_tiles(pb)) {
       packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv,
                        false);
+      pk = &packed;
+    }
+  } else if constexpr (std::is_same_v<scalar_t, float>) {
+    if (uses_tiles(pb)) {
+      packed.k_groups = pack_key_groups(k.data_ptr<float>(), ks, pb.B, pb.Hkv, pb.S, pb.D);
+      packed.S16 = (pb.S + 15) / 16 * 16;
       pk = &packed;
     }
   }

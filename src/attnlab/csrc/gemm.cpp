@@ -7,7 +7,7 @@
 // not, so each symbol is looked up once and a plain loop stands in where it is missing (correct,
 // slower; blas_name() reports which ran, and `attnlab.functional.backends.native.info()` shows it).
 // Called from inside at::parallel_for, MKL runs single-threaded (it does not nest parallel regions).
-#include "dpbf16.h"
+#include "microkernel.h"
 #include "native.h"
 
 #include <dlfcn.h>
@@ -101,7 +101,7 @@ std::string blas_name() {
   out += blas().s ? "float32: sgemm_ (libtorch_cpu's MKL)" : "float32: plain loop (no sgemm_ symbol)";
   out += blas().d ? "; float64: dgemm_" : "; float64: plain loop";
   out += blas().b ? "; bfloat16: cblas_gemm_bf16bf16f32" : "; bfloat16: plain loop";
-  if (dpbf16_built()) out += " (forward: AVX512-BF16 tiles, vdpbf16ps)";
+  if (tiles_built()) out += " (AVX512-BF16 tiles, vdpbf16ps, where D and Dv are multiples of 16)";
   return out;
 }
 

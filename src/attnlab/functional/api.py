@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
+from .backends.native import bf16_tiles
 from .backends.reference import reference_attention
 from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -32,10 +33,15 @@ SMALL_PROBLEM = 512 * 512
 #   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
 # * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
 #   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
-# * bf16: the compiled kernel's forward wins only on causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x
-#   at 8192); without a mask, and with gradients, SDPA (native 0.75-0.96x).
+# * bf16 with D and Dv multiples of 16: the compiled kernel runs its AVX512-BF16 tiles (csrc/microkernel.cpp)
+#   and wins forward and backward, with and without a causal mask, at every n (BF16_TILES_MEASURED);
+# * bf16 with other head dims (MKL's bf16 GEMM, no faster than fp32 here): the compiled kernel's forward
+#   wins only on causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x at 8192); without a mask, and with
+#   gradients, SDPA (native 0.75-0.96x).
 NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
+BF16_TILES_MEASURED = ("1.5-2.7x SDPA's forward and 1.4-1.8x its forward+backward at n = 256-2048, none and causal "
+                       "(one thread, pinned, while other work ran on the other core: preliminary)")
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
@@ -121,9 +127,12 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if dtype == torch.float32 and req.needs_grad and LS >= NATIVE_TRAIN_FROM:
         return ("fp32 with gradients from n = 4096: the compiled kernel's forward+backward measured 1.07x "
                 "SDPA's (docs/benchmarks.md, auto grid)")
+    if dtype == torch.bfloat16 and LS > SMALL_PROBLEM and bf16_tiles(req.shape.D, req.shape.Dv):
+        return (f"bf16 with D, Dv multiples of 16: the compiled kernel's AVX512-BF16 tiles measured "
+                f"{BF16_TILES_MEASURED} (docs/benchmarks.md, auto grid)")
     if dtype == torch.bfloat16 and causal and not req.needs_grad and SMALL_PROBLEM < LS < BF16_CAUSAL_NATIVE_BELOW:
-        return ("bf16 causal forward below n = 8192: the compiled kernel measured 1.05-1.18x SDPA's "
-                "(docs/benchmarks.md, auto grid)")
+        return ("bf16 causal forward below n = 8192 (head dims off the AVX512-BF16 tiles): the compiled kernel "
+                "measured 1.05-1.18x SDPA's (docs/benchmarks.md, auto grid)")
     return None
 
 

@@ -28,7 +28,7 @@ from ..request import AttentionRequest, Bias
 from .reference import accum_dtype, dense_bias, safe_softmax
 
 __all__ = ["native_attention", "native_forward", "native_block_backward", "info", "why_unavailable",
-           "default_tiles"]
+           "default_tiles", "bf16_tiles"]
 
 try:
     from ... import _native
@@ -51,6 +51,15 @@ def info() -> str:
     if _native is None:
         return f"native: unavailable: {_WHY_NOT}"
     return f"native: at::vec {_native.capability()}; {_native.blas()}"
+
+
+def bf16_tiles(D: int, Dv: int) -> bool:
+    """Does a bfloat16 call with head dims D, Dv run on the AVX512-BF16 tiles (csrc/microkernel.cpp)?
+
+    They need a CPU with AVX512-BF16 at build time and D, Dv multiples of 16; other bfloat16 calls
+    run MKL's bf16 GEMM, which is no faster than fp32 on this machine.
+    """
+    return _native is not None and _native.bf16_tiles() and D % 16 == 0 and Dv % 16 == 0
 
 
 def default_tiles(dtype: torch.dtype, spans: Optional[Tensor]) -> tuple[int, int]:

@@ -1,7 +1,8 @@
-"""The bfloat16 forward's AVX512-BF16 tiles (csrc/dpbf16.cpp): built where the CPU has them, and as
-accurate as the bfloat16 reference on shapes that reach every edge of the micro-kernels -- row tails
-(not a multiple of 6), keys not a multiple of 16, tiles whose key range starts or ends on an odd key,
-L != S, GQA, Dv != D, strided views -- for every mask form, with tensor and relative biases."""
+"""The compiled kernel's AVX-512 tiles (csrc/microkernel.cpp, float32 and bfloat16, forward and backward):
+built where the CPU has them, and as accurate as the same-dtype reference on shapes that reach every edge
+of the micro-kernels -- row tails (not a multiple of 6), keys not a multiple of 16, tiles whose key range
+starts or ends on an odd key, L != S, GQA, Dv != D, strided views -- for every mask form, with tensor and
+relative biases, softcap and dropout; outputs and all gradients."""
 from functools import partial
 
 import pytest
@@ -28,6 +29,10 @@ def test_the_tiles_are_built_where_the_cpu_has_them():
     if not _cpu_has_avx512_bf16():
         pytest.skip("this CPU has no AVX512-BF16")
     assert "AVX512-BF16 tiles" in native.info(), native.info()
+    assert native.bf16_tiles(64, 64) and not native.bf16_tiles(40, 64)
+
+
+DTYPES = [torch.bfloat16, torch.float32]
 
 
 # (B, H, Hkv, L, S, D, Dv): row tails, S % 16 != 0, GQA, L < S and L > S, D = 128, Dv = 16 / 128
@@ -43,48 +48,50 @@ MASKS = {
 }
 
 
+def _check(errs, dtype):
+    for name, (cand, ref) in errs.items():
+        factor = 2 if name == "out" else 3
+        assert cand <= factor * ref + FLOOR[dtype], f"{name}: err {cand:.2e} vs reference {ref:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tiles", [(64, 128), (16, 32), (None, None)], ids=["64x128", "16x32", "default"])
 @pytest.mark.parametrize("mask_name", list(MASKS))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_bf16_tiles_are_as_accurate_as_the_bf16_reference(shape, mask_name, tiles):
+def test_tiles_are_as_accurate_as_the_same_dtype_reference(shape, mask_name, tiles, dtype):
     B, H, Hkv, L, S, D, Dv = shape
     g = torch.Generator().manual_seed(hash(shape) % 1000)
-    q, k, v = (torch.randn(B, h, n, d, generator=g).bfloat16()
+    q, k, v = (torch.randn(B, h, n, d, generator=g).to(dtype)
                for h, n, d in ((H, L, D), (Hkv, S, D), (Hkv, S, Dv)))
-    bias = torch.randn(1, H, L, S, generator=g).bfloat16() if mask_name == "causal" else None
+    bias = torch.randn(1, H, L, S, generator=g).to(dtype) if mask_name == "causal" else None
     fn = partial(native_attention, tile_q=tiles[0], tile_k=tiles[1])
-    errs = errors(fn, q, k, v, bias, MASKS[mask_name](B, L, S))
-    for name, (cand, ref) in errs.items():
-        factor = 2 if name == "out" else 3
-        assert cand <= factor * ref + FLOOR[torch.bfloat16], f"{name}: err {cand:.2e} vs reference {ref:.2e}"
+    _check(errors(fn, q, k, v, bias, MASKS[mask_name](B, L, S)), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kw", [{"dropout_p": 0.2, "dropout_seed": 3}, {"softcap": 4.0}], ids=["dropout", "softcap"])
-def test_dropout_and_softcap_on_the_tiles(kw):
+def test_dropout_and_softcap_on_the_tiles(kw, dtype):
     """Outputs and gradients (the backward's five products run on the tiles too) against fp64 truth."""
     g = torch.Generator().manual_seed(8)
-    q, k, v = (torch.randn(2, 4, 150, 64, generator=g).bfloat16() for _ in range(3))
-    errs = errors(partial(native_attention, tile_q=32, tile_k=64), q, k, v, None, masks.causal(), **kw)
-    for name, (cand, ref) in errs.items():
-        factor = 2 if name == "out" else 3
-        assert cand <= factor * ref + FLOOR[torch.bfloat16], f"{name}: err {cand:.2e} vs reference {ref:.2e}"
+    q, k, v = (torch.randn(2, 4, 150, 64, generator=g).to(dtype) for _ in range(3))
+    _check(errors(partial(native_attention, tile_q=32, tile_k=64), q, k, v, None, masks.causal(), **kw), dtype)
 
 
-def test_a_relative_bias_and_softcap_on_the_tiles():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_relative_bias_and_softcap_on_the_tiles(dtype):
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 4, 150, 64, generator=g) for _ in range(3))
-    alibi = ALiBi(4)
-    want = reference_attention(q.double(), k.double(), v.double(), mask=masks.causal(),
-                               bias=ALiBi(4).double().bias(), scale=0.125, softcap=5.0)
-    ref = reference_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask=masks.causal(), bias=alibi.bias(),
-                              scale=0.125, softcap=5.0)
-    out = native_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask=masks.causal(), bias=alibi.bias(),
-                           scale=0.125, softcap=5.0, tile_q=32, tile_k=64)
-    assert (out.double() - want).abs().max() <= 2 * (ref.double() - want).abs().max() + FLOOR[torch.bfloat16]
+    kw = dict(mask=masks.causal(), scale=0.125, softcap=5.0)
+    want = reference_attention(q.double(), k.double(), v.double(), bias=ALiBi(4).double().bias(), **kw)
+    alibi = ALiBi(4).to(dtype)
+    ref = reference_attention(q.to(dtype), k.to(dtype), v.to(dtype), bias=alibi.bias(), **kw)
+    out = native_attention(q.to(dtype), k.to(dtype), v.to(dtype), bias=alibi.bias(), tile_q=32, tile_k=64, **kw)
+    assert (out.double() - want).abs().max() <= 2 * (ref.double() - want).abs().max() + FLOOR[dtype]
 
 
-def test_strided_views_on_the_tiles():
-    x = torch.randn(2, 77, 4, 64).bfloat16()
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_strided_views_on_the_tiles(dtype):
+    x = torch.randn(2, 77, 4, 64).to(dtype)
     q = x.transpose(1, 2)                                                     # (B, H, L, D) view of (B, L, H, D)
     out = native_attention(q, q, q, mask=masks.causal(), scale=0.125, tile_q=32, tile_k=32)
     want = native_attention(q.contiguous(), q.contiguous(), q.contiguous(), mask=masks.causal(), scale=0.125,
@@ -92,21 +99,27 @@ def test_strided_views_on_the_tiles():
     assert torch.equal(out, want)
 
 
-def test_the_tiles_and_the_blas_path_agree():
-    """tile_k = 120 (not a multiple of 16) runs MKL's bf16 GEMM: the same sums in another order."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_tiles_and_the_blas_path_agree(dtype):
+    """tile_k = 120 (not a multiple of 16) runs MKL's GEMMs: the same sums in another order."""
     g = torch.Generator().manual_seed(6)
-    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).bfloat16() for _ in range(3))
-    tiles = native_attention(q, k, v, mask=masks.causal(), scale=0.125, tile_q=64, tile_k=128)
-    blas = native_attention(q, k, v, mask=masks.causal(), scale=0.125, tile_q=64, tile_k=120)
-    torch.testing.assert_close(tiles, blas, atol=2e-2, rtol=2e-2)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    runs = []
+    for tile_k in (128, 120):
+        out = native_attention(q, k, v, mask=masks.causal(), scale=0.125, tile_q=64, tile_k=tile_k)
+        runs.append([out, *torch.autograd.grad(out.float().square().sum(), (q, k, v))])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, **tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("window", [(8, 0), (9, 0), (6, 3)])
-def test_nan_outside_a_tiles_key_range_never_reaches_the_output(window):
+def test_nan_outside_a_tiles_key_range_never_reaches_the_output(window, dtype):
     """Key chunks start on a multiple of 16 and V is read in pairs: the keys below a tile's range that
     this drags in (the one next to an odd first key included) must add nothing, not even 0 * NaN."""
     g = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(1, 2, 96, 64, generator=g).bfloat16() for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 96, 64, generator=g).to(dtype) for _ in range(3))
     mask = masks.window(*window)
     first = int(mask.dense(96, 96)[..., 32:40, :].reshape(8, 96).any(0).nonzero().min())   # the tile's first key
     k[:, :, :first], v[:, :, :first] = float("nan"), float("nan")

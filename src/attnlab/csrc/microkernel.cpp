@@ -1,22 +1,24 @@
-// bfloat16 tile GEMMs on AVX512-BF16: every product of attention's forward and backward passes as
-// one register-blocked micro-kernel over vdpbf16ps.
+// Tile GEMMs on AVX-512: every product of attention's forward and backward passes, in float32 and
+// bfloat16, as one register-blocked micro-kernel (6 rows x 4 vectors of 16 lanes = 24 accumulators).
 //
 // Why not MKL here: cblas_gemm_bf16bf16f32 (and oneDNN's brgemm without AMX) ran at about fp32
-// speed on these tile shapes (64..256 rows, D = 64), because each call re-packs its operands. The
-// instruction does 32 multiply-adds per 512-bit vector -- twice fp32's FMA -- when its operands
-// hold "pairs": two bfloat16 adjacent along the reduction dimension in each 32-bit word.
+// speed on these tile shapes (64..256 rows, D = 64), and sgemm_ re-packs K for every query tile
+// (~15% of the fp32 forward in a profile). vdpbf16ps does 32 multiply-adds per 512-bit vector --
+// twice fp32's FMA -- when its operands hold "pairs": two bfloat16 adjacent along the reduction
+// dimension in each 32-bit word. float32 is the same kernel with one element per word and an FMA.
 //   C[r, lanes] (+)= alpha * sum_p A[r, p] . B[p, lanes]      (A[r, p], B[p, n]: one pair each)
 // A's word is broadcast to all 16 lanes; B is a vector of 16 pairs. A row-major bfloat16 row already
 // holds its pairs along the row (Q, dO, P, dS rows); everything else is packed:
 //   groups: 16 keys at a time, [X/2][16] words, word (p, n) = (K[16g+n][2p], K[16g+n][2p+1])
 //   pairs:  [rows / 2][X] words, word (i, c) = (X[2i][c], X[2i+1][c])
 // K and V are packed once per call (O(S D)); dO and Q once per query tile; P and dS per block,
-// with a vector conversion. Keys are padded with zeros to a multiple of 16.
-#include "dpbf16.h"
+// with a vector conversion. Keys are padded with zeros to a multiple of 16. In float32 a "pair" is
+// one element, so rows need no packing: only K (and V, for dP) are packed into groups of 16 keys.
+#include "microkernel.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
-#define ATTNLAB_DPBF16 1
+#define ATTNLAB_TILES 1
 #endif
 
 #include <algorithm>
@@ -24,8 +26,8 @@
 
 namespace attnlab {
 
-bool dpbf16_built() {
-#ifdef ATTNLAB_DPBF16
+bool tiles_built() {
+#ifdef ATTNLAB_TILES
   return true;
 #else
   return false;
@@ -97,7 +99,22 @@ PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v
   return pk;
 }
 
-#ifdef ATTNLAB_DPBF16
+at::Tensor pack_key_groups(const float* k, const int64_t* ks, int64_t B, int64_t Hkv, int64_t S, int64_t D) {
+  const int64_t S16 = (S + 15) / 16 * 16;
+  auto out = at::empty({B * Hkv, S16 * D}, at::TensorOptions().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const float* kb = k + (bh / Hkv) * ks[0] + (bh % Hkv) * ks[1];
+      float* ob = o + bh * S16 * D;
+      for (int64_t j = 0; j < S16; ++j)         // key j -> group j / 16, lane j % 16, one row per d
+        for (int64_t d = 0; d < D; ++d) ob[(j / 16) * 16 * D + d * 16 + j % 16] = j < S ? kb[j * ks[2] + d] : 0.0f;
+    }
+  });
+  return out;
+}
+
+#ifdef ATTNLAB_TILES
 namespace {
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
@@ -105,7 +122,7 @@ inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 // C[r, 16 g + n] (+)= alpha * sum_p A[r, p] . B[p, g, n] for MR rows and NG vectors of 16 lanes.
 // A's words at a + r * a_row + p * a_pair (bytes); B's vectors at b + p * b_pair + g * b_group (words).
 // With Keep, each B word is ANDed with `keep` first (an edge pair with one row outside the range).
-template <int MR, int NG, bool Acc, bool Keep>
+template <bool Bf16, int MR, int NG, bool Acc, bool Keep>
 inline void dp_block(const char* a, int64_t a_row, int64_t a_pair, const uint32_t* b, int64_t b_pair,
                      int64_t b_group, int64_t pairs, float alpha, float* c, int64_t ldc, uint32_t keep) {
   __m512 acc[MR][NG];
@@ -120,7 +137,12 @@ inline void dp_block(const char* a, int64_t a_row, int64_t a_pair, const uint32_
     }
     for (int r = 0; r < MR; ++r) {
       const __m512i av = _mm512_set1_epi32(static_cast<int>(load_word(a + r * a_row + p * a_pair)));
-      for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(av), as_bh(bv[g]));
+      if constexpr (Bf16) {
+        for (int g = 0; g < NG; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_bh(av), as_bh(bv[g]));
+      } else {          // fp32: one element per word, one FMA
+        for (int g = 0; g < NG; ++g)
+          acc[r][g] = _mm512_fmadd_ps(_mm512_castsi512_ps(av), _mm512_castsi512_ps(bv[g]), acc[r][g]);
+      }
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
@@ -134,16 +156,16 @@ inline void dp_block(const char* a, int64_t a_row, int64_t a_pair, const uint32_
 
 constexpr int kMR = 6;   // 6 rows x 4 vectors = 24 accumulators of the 32 zmm registers
 
-template <int NG, bool Acc, bool Keep>
+template <bool Bf16, int NG, bool Acc, bool Keep>
 void dp_rows(int64_t M, const char* a, int64_t a_row, int64_t a_pair, const uint32_t* b, int64_t b_pair,
              int64_t b_group, int64_t pairs, float alpha, float* c, int64_t ldc, uint32_t keep) {
   int64_t r = 0;
   for (; r + kMR <= M; r += kMR)
-    dp_block<kMR, NG, Acc, Keep>(a + r * a_row, a_row, a_pair, b, b_pair, b_group, pairs, alpha, c + r * ldc, ldc,
+    dp_block<Bf16, kMR, NG, Acc, Keep>(a + r * a_row, a_row, a_pair, b, b_pair, b_group, pairs, alpha, c + r * ldc, ldc,
                                  keep);
 #define ATTNLAB_TAIL(mr)                                                                                         \
   case mr:                                                                                                       \
-    dp_block<mr, NG, Acc, Keep>(a + r * a_row, a_row, a_pair, b, b_pair, b_group, pairs, alpha, c + r * ldc, ldc, \
+    dp_block<Bf16, mr, NG, Acc, Keep>(a + r * a_row, a_row, a_pair, b, b_pair, b_group, pairs, alpha, c + r * ldc, ldc, \
                                 keep);                                                                           \
     break;
   switch (M - r) {
@@ -154,23 +176,23 @@ void dp_rows(int64_t M, const char* a, int64_t a_row, int64_t a_pair, const uint
 }
 
 // C (M, 16 N16; row stride ldc) (+)= alpha * A B over `pairs` pairs, N16 vectors of lanes in steps of 4.
-template <bool Acc, bool Keep>
+template <bool Acc, bool Keep, bool Bf16 = true>
 void dp_gemm(int64_t M, int64_t N16, int64_t pairs, const char* a, int64_t a_row, int64_t a_pair, const uint32_t* b,
              int64_t b_pair, int64_t b_group, float alpha, float* c, int64_t ldc, uint32_t keep = ~0u) {
   if (M <= 0 || pairs <= 0) return;
   int64_t g = 0;
   for (; g + 4 <= N16; g += 4)
-    dp_rows<4, Acc, Keep>(M, a, a_row, a_pair, b + g * b_group, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep);
+    dp_rows<Bf16, 4, Acc, Keep>(M, a, a_row, a_pair, b + g * b_group, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep);
   const uint32_t* bg = b + g * b_group;
   switch (N16 - g) {
-    case 3: dp_rows<3, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
-    case 2: dp_rows<2, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
-    case 1: dp_rows<1, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
+    case 3: dp_rows<Bf16, 3, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
+    case 2: dp_rows<Bf16, 2, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
+    case 1: dp_rows<Bf16, 1, Acc, Keep>(M, a, a_row, a_pair, bg, b_pair, b_group, pairs, alpha, c + g * 16, ldc, keep); break;
     default: break;
   }
 }
 
-const uint32_t* words(const at::Tensor& t) { return reinterpret_cast<const uint32_t*>(t.data_ptr<int32_t>()); }
+const uint32_t* words(const at::Tensor& t) { return reinterpret_cast<const uint32_t*>(t.data_ptr()); }
 
 }  // namespace
 
@@ -191,14 +213,14 @@ void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) 
   }
 }
 
-void dpbf16_rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
+void bf16_rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
                            int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
   const uint32_t* gb = words(groups) + bh * S16 * X / 2 + c0 * X / 2;
   dp_gemm<false, false>(nr, ncols / 16, X / 2, reinterpret_cast<const char*>(a), 2 * lda, 4, gb, 16, 8 * X, alpha, s,
                         lds);
 }
 
-void dpbf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
+void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
                           int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
                           int64_t ldo) {
   const uint32_t* vq = words(pairs) + bh * S16 * X / 2 + c0 / 2 * X;
@@ -214,23 +236,49 @@ void dpbf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const 
                         0x0000FFFFu);
 }
 
-void dpbf16_transposed(const uint32_t* a_pairs, int64_t X, const uint32_t* b_pairs, int64_t ncols, int64_t nr,
+void bf16_transposed(const uint32_t* a_pairs, int64_t X, const uint32_t* b_pairs, int64_t ncols, int64_t nr,
                        float alpha, float* ct, int64_t ldc) {
   dp_gemm<true, false>(X, ncols / 16, (nr + 1) / 2, reinterpret_cast<const char*>(a_pairs), 4, 4 * X, b_pairs,
                        ncols, 16, alpha, ct, ldc);
 }
 
-#else   // built without AVX512-BF16: never called (dpbf16_built() is false)
+void fp32_rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
+                         int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
+  const uint32_t* gb = words(groups) + bh * S16 * X + c0 * X;
+  dp_gemm<false, false, false>(nr, ncols / 16, X, reinterpret_cast<const char*>(a), 4 * lda, 4, gb, 16, 16 * X, alpha,
+                               s, lds);
+}
+
+void fp32_rows_by_rows(const float* p, int64_t ldp, int64_t nr, const float* b, int64_t ldb, int64_t X, int64_t ka,
+                       int64_t kb, float alpha, float* o, int64_t ldo) {
+  dp_gemm<true, false, false>(nr, X / 16, kb - ka, reinterpret_cast<const char*>(p + ka), 4 * ldp, 4,
+                              reinterpret_cast<const uint32_t*>(b + ka * ldb), ldb, 16, alpha, o, ldo);
+}
+
+void fp32_transposed(const float* a, int64_t lda, int64_t X, const float* b, int64_t ldb, int64_t ncols, int64_t nr,
+                     float alpha, float* ct, int64_t ldc) {
+  dp_gemm<true, false, false>(X, ncols / 16, nr, reinterpret_cast<const char*>(a), 4, 4 * lda,
+                              reinterpret_cast<const uint32_t*>(b), ldb, 16, alpha, ct, ldc);
+}
+
+#else   // built without AVX512-BF16: never called (tiles_built() is false)
 
 namespace {
 [[noreturn]] void not_built() { TORCH_CHECK(false, "attnlab: the AVX512-BF16 tiles were not built on this machine"); }
 }  // namespace
 void pair_rows(const float*, int64_t, int64_t, int64_t, uint32_t*) { not_built(); }
-void dpbf16_rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
+void bf16_rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
                            int64_t, int64_t, float, float*, int64_t) { not_built(); }
-void dpbf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
+void bf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
                           int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
-void dpbf16_transposed(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float, float*, int64_t) {
+void bf16_transposed(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float, float*, int64_t) {
+  not_built();
+}
+void fp32_rows_by_groups(const float*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         float, float*, int64_t) { not_built(); }
+void fp32_rows_by_rows(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float*,
+                       int64_t) { not_built(); }
+void fp32_transposed(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float, float*, int64_t) {
   not_built();
 }
 
