@@ -162,17 +162,20 @@ def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
     assert "auto -> native" in al.explain(q, k, v, mask=block_sparse)
 
 
-def test_auto_sends_plain_bf16_to_the_compiled_kernel_where_its_tiles_apply():
-    """D, Dv multiples of 16: the AVX512-BF16 tiles win forward and backward, masked or not (if built)."""
-    from attnlab.functional.backends.native import bf16_tiles
+def test_auto_sends_plain_bf16_and_fp32_training_to_the_compiled_kernel_where_its_tiles_apply():
+    """D, Dv multiples of 16: the AVX-512 tiles win bf16 forward and backward and fp32 training (if built)."""
+    from attnlab.functional.backends.native import on_tiles
     q, k, v = (torch.randn(1, 1, 1024, 64, dtype=torch.bfloat16) for _ in range(3))
-    want = "auto -> native" if bf16_tiles(64, 64) else "auto -> sdpa"
+    want = "auto -> native" if on_tiles(64, 64) else "auto -> sdpa"
     assert want in al.explain(q, k, v)
     assert want in al.explain(q.requires_grad_(), k, v, causal=True)
     small = [t[:, :, :512].detach() for t in (q, k, v)]
     assert "auto -> sdpa" in al.explain(*small, causal=True)                           # too small to tile
     big = torch.empty(1, 1, 8192, 64, dtype=torch.bfloat16)
     assert want in al.explain(big, big, big)
+    q32 = q.detach().float().requires_grad_()                                          # fp32 training on the tiles
+    assert want in al.explain(q32, k.float(), v.float())
+    assert "auto -> sdpa" in al.explain(q32.detach(), k.float(), v.float())            # fp32 forward: SDPA
 
 
 def test_auto_sends_bf16_causal_inference_below_8192_to_the_compiled_kernel_only_off_the_tiles():

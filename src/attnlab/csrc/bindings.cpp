@@ -160,7 +160,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &attnlab::forward, "forward pass -> [out (B, H, L, Dv), lse (B, H, L)]");
   m.def("backward", &attnlab::backward, "backward pass -> [dq, dk, dv (per query head), dbias]");
   m.def("blas", &attnlab::blas_name, "which GEMM each dtype uses");
-  m.def("bf16_tiles", &attnlab::tiles_built, "whether bfloat16 runs on the AVX512-BF16 tiles (D, Dv multiples of 16)");
+  m.def("tiles_built", &attnlab::tiles_built, "whether float32 and bfloat16 run on the AVX-512 micro-kernel "
+        "(where D and Dv are multiples of 16)");
   m.def("capability", []() {
 #if defined(CPU_CAPABILITY_AVX512)
     return std::string("AVX512");

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
-from .backends.native import bf16_tiles
+from .backends.native import on_tiles
 from .backends.reference import reference_attention
 from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -32,7 +32,8 @@ SMALL_PROBLEM = 512 * 512
 # * fp32 causal: the compiled kernel beat SDPA's flash kernel at every n (forward 1.24x, 1.10x, 1.11x,
 #   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
 # * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
-#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
+#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048) -- and,
+#   where D and Dv are multiples of 16 and it runs its AVX-512 tiles, from 512^2 (FP32_TRAIN_TILES_MEASURED);
 # * bf16 with D and Dv multiples of 16: the compiled kernel runs its AVX512-BF16 tiles (csrc/microkernel.cpp)
 #   and wins forward and backward, with and without a causal mask, at every n (BF16_TILES_MEASURED);
 # * bf16 with other head dims (MKL's bf16 GEMM, no faster than fp32 here): the compiled kernel's forward
@@ -40,6 +41,8 @@ SMALL_PROBLEM = 512 * 512
 #   gradients, SDPA (native 0.75-0.96x).
 NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
+FP32_TRAIN_TILES_MEASURED = ("1.11x, 1.16x SDPA's forward+backward at n = 1024, 2048 without a mask (one thread, "
+                             "pinned, while other work ran on the other core: preliminary)")
 BF16_TILES_MEASURED = ("1.5-2.7x SDPA's forward and 1.4-1.8x its forward+backward at n = 256-2048, none and causal "
                        "(one thread, pinned, while other work ran on the other core: preliminary)")
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
@@ -124,10 +127,14 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
                 "forward+backward at n = 1024-8192 (docs/benchmarks.md, auto grid)")
+    tiles = on_tiles(req.shape.D, req.shape.Dv)
+    if dtype == torch.float32 and req.needs_grad and tiles and LS > SMALL_PROBLEM:
+        return (f"fp32 with gradients, D and Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
+                f"{FP32_TRAIN_TILES_MEASURED} (docs/benchmarks.md, auto grid)")
     if dtype == torch.float32 and req.needs_grad and LS >= NATIVE_TRAIN_FROM:
         return ("fp32 with gradients from n = 4096: the compiled kernel's forward+backward measured 1.07x "
                 "SDPA's (docs/benchmarks.md, auto grid)")
-    if dtype == torch.bfloat16 and LS > SMALL_PROBLEM and bf16_tiles(req.shape.D, req.shape.Dv):
+    if dtype == torch.bfloat16 and LS > SMALL_PROBLEM and tiles:
         return (f"bf16 with D, Dv multiples of 16: the compiled kernel's AVX512-BF16 tiles measured "
                 f"{BF16_TILES_MEASURED} (docs/benchmarks.md, auto grid)")
     if dtype == torch.bfloat16 and causal and not req.needs_grad and SMALL_PROBLEM < LS < BF16_CAUSAL_NATIVE_BELOW:
