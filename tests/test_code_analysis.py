@@ -4,7 +4,7 @@ from __future__ import annotations
 import textwrap
 
 from attnlab.data.code_analysis import (bracket_pairs, body_parses, cut_body, def_use_pairs, function_prompts,
-                                        parses)
+                                        parses, shift_left)
 
 SRC = textwrap.dedent('''\
     def area(w, h):
@@ -107,6 +107,14 @@ def test_function_prompts_dedent_and_body():
     assert fp.name == "f" and fp.prompt.startswith("def f(x):\n    \"\"\"Double.") and fp.prompt.endswith('More."""\n')
     assert fp.body.startswith("    y = x * 2\n    return y\n")
     assert body_parses(fp.prompt, fp.body)
+    # what the model is given: the method's lines as in the file (blank docstring line left blank)
+    assert fp.indent == "    " and fp.in_file == '    def f(x):\n        """Double.\n\n        More."""\n'
+    assert fp.in_file in src
+
+
+def test_shift_left_only_strips_the_indent_and_splits_like_tokenize():
+    assert shift_left("    x = 1\n\n      y\n  # c\n", "    ") == "x = 1\n\n  y\n  # c\n"
+    assert shift_left("    s = 'a\x0cb'\n", "    ") == "s = 'a\x0cb'\n"          # a form feed is not a line break
 
 
 def test_cut_body():
@@ -115,6 +123,17 @@ def test_cut_body():
         "    x = 1\n# a comment at column 0\n    y = 2\n", True)
     assert cut_body("    x = 1\n    y = (") == ("    x = 1\n", False)       # ran out: the partial line is dropped
     assert cut_body("print(1)") == ("", True)
+
+
+def test_cut_body_of_a_method():
+    """A method's body (def at column 4) ends at the next line indented 4 or less, e.g. the next def."""
+    sample = "        x = 1\n\n        return x\n\n    def g(self):\n        pass\n"
+    assert cut_body(sample, 4) == ("        x = 1\n\n        return x\n\n", True)
+    assert cut_body("        x = (\n    # comment at 4\n            1)\nclass", 4) == (
+        "        x = (\n    # comment at 4\n            1)\n", True)
+    assert cut_body("        x = 1\n        y = (", 4) == ("        x = 1\n", False)
+    assert cut_body("    def g(self):\n", 4) == ("", True)                  # wrote no body at all
+    assert cut_body("        return 1\n", 0) == ("        return 1\n", False)  # indent 0: as before
 
 
 def test_syntax_metric_good_and_bad():

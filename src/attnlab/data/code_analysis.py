@@ -9,11 +9,12 @@ comment is one token) and ``ast`` (to tell a variable assignment from a use).
 - ``def_use_pairs(source, min_lines)``: a name's binding (``def f`` / ``class C`` / ``x = ...``)
   and a later use of it at least ``min_lines`` lines further on, with no other occurrence of the
   name in between (so the definition is the only earlier place that tells what the name is).
-- ``function_prompts(source)``: per function with a docstring and a body, the prompt (the ``def``
-  line(s) and docstring, moved to column 0) and the true body.
-- ``cut_body(text)`` and ``body_parses(prompt, body)``: the syntax metric — the sampled text up to
-  the line that leaves the function, and whether ``ast.parse`` accepts prompt + body with at least
-  one statement after the docstring.
+- ``function_prompts(source)``: per function with a docstring and a body, the prompt as it stands
+  in the file (``in_file``: the ``def`` line(s) and docstring at their own indentation, what the
+  model is given), the same moved to column 0 (``prompt``) and the true body.
+- ``cut_body(text, indent)`` and ``body_parses(prompt, body)``: the syntax metric — the sampled text
+  up to the line that leaves the function, and whether ``ast.parse`` accepts prompt + body (both at
+  column 0: ``shift_left``) with at least one statement after the docstring.
 
 Example::
 
@@ -30,11 +31,10 @@ import tokenize
 from dataclasses import dataclass
 
 __all__ = ["BracketPair", "DefUse", "FunctionPrompt", "bracket_pairs", "def_use_pairs", "function_prompts",
-           "cut_body", "body_parses", "parses", "python_tokens"]
+           "shift_left", "cut_body", "body_parses", "parses", "python_tokens"]
 
 _OPEN, _CLOSE = "([{", ")]}"
 _KIND = {"(": "()", "[": "[]", "{": "{}", ")": "()", "]": "[]", "}": "{}"}
-_LEAVES_FUNCTION = re.compile(r"\n(?=[^\s#])")      # a line starting at column 0 (not a comment) ends the body
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,12 @@ class FunctionPrompt:
     name: str
     prompt: str        # the def line(s) and the docstring, at column 0, ending with a newline
     body: str          # the true body after the docstring (same indentation shift)
+    indent: str = ""   # the def line's indentation in the file (a method's: 4 spaces)
+
+    @property
+    def in_file(self) -> str:
+        """The prompt at its indentation in the file: what a model trained on whole files has seen."""
+        return "\n".join(self.indent + ln if ln.strip() else ln for ln in self.prompt.split("\n"))
 
 
 def _line_starts(source: str) -> list[int]:
@@ -171,6 +177,8 @@ def function_prompts(source: str) -> list[FunctionPrompt]:
 
     The prompt is the source from the ``def`` line (decorators left out) to the docstring's last
     line, shifted left so ``def`` is at column 0; the body is the rest of the function, shifted alike.
+    Only functions whose def and docstring lines all start with the def's indentation are kept, so
+    ``in_file`` gives back the file's own lines.
     """
     tree = ast.parse(source)
     lines = source.split("\n")
@@ -184,19 +192,34 @@ def function_prompts(source: str) -> list[FunctionPrompt]:
         indent = lines[node.lineno - 1][:_byte_col_to_char(lines[node.lineno - 1], node.col_offset)]
         if indent.strip():                                       # def not first on its line (e.g. "if x: def")
             continue
-        shift = lambda ls: "".join((ln[len(indent):] if ln.startswith(indent) else ln) + "\n" for ln in ls)
-        out.append(FunctionPrompt(node.name, shift(lines[node.lineno - 1:doc.end_lineno]),
-                                  shift(lines[doc.end_lineno:node.end_lineno])))
+        head = lines[node.lineno - 1:doc.end_lineno]
+        if not all(ln.startswith(indent) or not ln.strip() for ln in head):     # a docstring line left of def
+            continue
+        body = lines[doc.end_lineno:node.end_lineno]
+        out.append(FunctionPrompt(node.name, shift_left("".join(ln + "\n" for ln in head), indent),
+                                  shift_left("".join(ln + "\n" for ln in body), indent), indent))
     return out
 
 
-def cut_body(text: str) -> tuple[str, bool]:
-    """(the body, finished): ``text`` up to the first line at column 0 — the end of the function.
+def shift_left(text: str, indent: str) -> str:
+    """``text`` with ``indent`` taken off the start of every line that has it (the others are left as they are).
+
+    Example::
+
+        shift_left("    x = 1\n\n    y\n", "    ")       # "x = 1\n\ny\n"
+    """
+    return "\n".join(ln[len(indent):] if ln.startswith(indent) else ln for ln in text.split("\n"))  # as tokenize splits
+
+
+def cut_body(text: str, indent: int = 0) -> tuple[str, bool]:
+    """(the body, finished): ``text`` up to the first line indented ``indent`` columns or less (not a
+    comment, not blank) — the end of a function whose ``def`` is at column ``indent``.
 
     Without such a line the sample ran out before the function ended: its last, possibly partial
     line is dropped and ``finished`` is False.
     """
-    m = _LEAVES_FUNCTION.search("\n" + text)             # the sample itself may start at column 0
+    leaves = re.compile(rf"\n(?=[ \t]{{0,{indent}}}[^\s#])")
+    m = leaves.search("\n" + text)                      # the sample itself may start at column <= indent
     if m:
         return text[:m.start()], True
     return text[:text.rfind("\n") + 1], False

@@ -14,8 +14,10 @@ windows of the model's context; every window is one forward pass capturing every
   ``w`` = the head's total weight from q on them; control = the same sum at the same offsets from
   every other query position of the window (the head's mean weight at that distance).
 
-Syntax (``syntax_samples``): the model continues a held-out function's ``def`` line and docstring;
-the sample is cut where the function ends (``cut_body``) and judged by ``body_parses``.
+Syntax (``syntax_samples``): the model continues a held-out function's ``def`` line and docstring,
+given at their indentation in the file (a method's ``def`` is indented, as every method the model
+read in training was); the sample is cut where the function ends (``cut_body``), moved to column 0
+with the prompt and judged by ``body_parses``.
 
 Example::
 
@@ -29,7 +31,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..data.code_analysis import (bracket_pairs, body_parses, cut_body, def_use_pairs, function_prompts)
+from ..data.code_analysis import (bracket_pairs, body_parses, cut_body, def_use_pairs, function_prompts,
+                                  shift_left)
 from ..tasks.code import encode_with_offsets
 
 __all__ = ["DISTANCE_BINS", "distance_bin", "file_windows", "attention_weights", "attention_stats", "head_summary",
@@ -191,7 +194,7 @@ def pick_prompts(tokenizer, files, n: int, max_prompt_tokens: int) -> list:
     found = []
     for _, text in files:
         try:
-            found += [p for p in function_prompts(text) if len(tokenizer.encode(p.prompt)) <= max_prompt_tokens]
+            found += [p for p in function_prompts(text) if len(tokenizer.encode(p.in_file)) <= max_prompt_tokens]
         except (SyntaxError, ValueError):
             continue
     if len(found) <= n:
@@ -207,12 +210,13 @@ def syntax_samples(model, tokenizer, prompts, *, max_new_tokens: int, temperatur
     for i, p in enumerate(prompts):
         ids: list[int] = []
         text, finished = "", False
-        for nxt in model.generate_tokens(torch.tensor([tokenizer.encode(p.prompt)]), max_new_tokens,
+        for nxt in model.generate_tokens(torch.tensor([tokenizer.encode(p.in_file)]), max_new_tokens,
                                          temperature=temperature, top_k=top_k, seed=seed + i):
             ids.append(int(nxt[0]))
             text = tokenizer.decode(ids)
-            if "\n" in text and cut_body(text)[1]:
+            if "\n" in text and cut_body(text, len(p.indent))[1]:
                 break
-        body, finished = cut_body(text)
+        body, finished = cut_body(text, len(p.indent))
+        body = shift_left(body, p.indent)                                  # at column 0, as p.prompt is
         out.append({"name": p.name, "ok": body_parses(p.prompt, body), "finished": finished, "body": body})
     return out

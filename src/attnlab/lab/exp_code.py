@@ -16,7 +16,7 @@ generates syntactically correct code completions"), measured on held-out stdlib 
   tokens many lines back, against its weight at the same distance from every other position.
 
 Models (``code_train.code_models``): full run: GPT preset ``code`` (4 layers, d = 128, context 256)
-and its LSTM, 6 CPU-minutes each; ``--quick``: preset ``code-small`` (2 layers, d = 64) on 1.5 MB, 120
+and its LSTM, 9 CPU-minutes each; ``--quick``: preset ``code-small`` (2 layers, d = 64) on 1.5 MB, 120
 CPU-seconds each — both trained by the claim unless a finished pair with the same configuration
 is in the verify work directory (then reused, and the claim says so).
 """
@@ -54,7 +54,9 @@ class CodeClaimConfig:
     top_k: int = 40
 
 
-CODE_FULL = CodeClaimConfig(CodeTrainConfig("code", 5_000_000, 1024, 360.0), prompts=60, max_new_tokens=128,
+# Full: 9 CPU-minutes per model (the issue allows 10; the first full run, 6 CPU-minutes at batch 16, left
+# both models writing prose-like non-Python: docs/results.md). The criteria below are unchanged since then.
+CODE_FULL = CodeClaimConfig(CodeTrainConfig("code", 5_000_000, 1024, 540.0), prompts=60, max_new_tokens=128,
                             windows=200, min_syntax_rate=0.25, nested_accuracy=0.5, weight_ratio=2.0,
                             min_bin_pairs=20, defuse_ratio=3.0, defuse_beats=0.75)
 CODE_QUICK = CodeClaimConfig(CodeTrainConfig("code-small", 1_500_000, 512, 120.0), prompts=30, max_new_tokens=96,
@@ -170,7 +172,7 @@ def _syntax_plot(rates: dict, n: int, cfg: CodeClaimConfig) -> bytes:
            color=["tab:blue", "tab:orange", "tab:grey"])
     ax.axhline(cfg.min_syntax_rate, ls="--", c="k", lw=1, label=f"GPT must reach {cfg.min_syntax_rate}")
     ax.set(ylim=(0, 1), ylabel="share of bodies ast.parse accepts",
-           title=f"{n} held-out functions: def line + docstring -> sampled body")
+           title=f"{n} held-out functions:\ndef line + docstring -> sampled body")
     ax.legend(fontsize=8)
     return png_bytes(fig)
 
@@ -179,7 +181,9 @@ def claim_code_syntax(ctx: VerifyContext) -> Claim:
     """A code GPT completes held-out functions with valid syntax more often than an LSTM or a bigram model."""
     cfg = _config(ctx)
     m = _models(ctx, cfg)
-    prompts = pick_prompts(m.data.tokenizer, m.data.heldout_half("test"), cfg.prompts, m.gpt.cfg.max_len // 2)
+    # every held-out file: the select/test halves matter only where a head is chosen, and nothing is chosen here
+    # (the test half alone has ~27 prompts of <= 128 tokens, under the 60 the criteria were set for)
+    prompts = pick_prompts(m.data.tokenizer, m.data.heldout, cfg.prompts, m.gpt.cfg.max_len // 2)
     samples, rates, finished = {}, {}, {}
     for name, model in (("gpt", m.gpt), ("lstm", m.lstm), ("bigram", m.bigram)):
         samples[name] = syntax_samples(model, m.data.tokenizer, prompts, max_new_tokens=cfg.max_new_tokens,
