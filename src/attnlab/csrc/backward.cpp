@@ -9,8 +9,8 @@
 //   dS = P o (dP - delta)                  delta_i = sum_d dO_id O_id (computed by the caller)
 //   dQ += scale dS K,  dK += scale dS^T Q  (dS times 1 - tanh^2 under a softcap)
 // and the bias gradient dS is written (dense) or summed along the diagonals (relative table).
-// bfloat16 on AVX512-BF16 runs the five products on the tiles of microkernel.h: dV and dK are
-// accumulated transposed (dV^T += dO^T P: lanes over keys) per (b, h) and written once at the end.
+// float32 and bfloat16 run the five products on the micro-kernel of microkernel.h where D and Dv
+// are multiples of 16 (dV += P^T dO reads P by columns: no transposed copy).
 #include "microkernel.h"
 #include "native.h"
 
@@ -53,8 +53,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
     std::vector<acc_t> dq(pb.BQ * pb.D);                           // (BQ, D) this tile's dQ
     std::vector<scalar_t> dout_t(pb.BQ * pb.Dv);                   // (BQ, Dv) dO rows, contiguous
     RowPlan rp(pb.BQ);
-    // the tiles' operands: dV^T, dK^T of one (b, h); dO, Q, P, dS as pairs of rows
-    std::vector<acc_t> dvt(tiles16 ? pb.Dv * S16 : 0), dkt(tiles16 ? pb.D * S16 : 0);
+    // bf16 tiles' operands: dO, Q, P, dS as pairs of rows
     std::vector<uint32_t> opair(half * pb.Dv), qpair(half * pb.D), ppair(half * pb.BK), dspair(half * pb.BK);
 
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -64,8 +63,6 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
       acc_t* dkb = g.dk + bh * pb.S * pb.D;
       acc_t* dvb = g.dv + bh * pb.S * pb.Dv;
       const int64_t bhk = b * pb.Hkv + hk;
-      std::fill(dvt.begin(), dvt.end(), acc_t(0));
-      std::fill(dkt.begin(), dkt.end(), acc_t(0));
       for (int64_t t = 0; t < nq; ++t) {
         const int64_t r0 = t * pb.BQ, nr = std::min(pb.BQ, pb.L - r0);
         const scalar_t* qt = q + b * qs[0] + h * qs[1] + r0 * qs[2];
@@ -88,6 +85,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
         for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
           const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
           const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
+          const int64_t ka = std::max<int64_t>(kfirst - c0, 0);      // this tile's first key in the chunk
           bool all_full;
           if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
           if constexpr (bf16) {
@@ -135,15 +133,17 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             pv = pd.data();
           }
           if constexpr (f32) {
-            if (tiles16) {   // dV^T[:, c0:] += dO^T Pd;  dP = dO V^T (fp32: straight from the rows)
-              fp32_transposed(dout_t.data(), pb.Dv, pb.Dv, pv, pb.BK, ncols, nr, 1.0f, dvt.data() + c0, S16);
+            if (tiles16) {   // dV[c0 + ka : c1] += Pd^T dO;  dP = dO V^T (fp32: straight from the rows)
+              fp32_columns_by_rows(pv, pb.BK, ka, nk, dout_t.data(), pb.Dv, pb.Dv, nr, 1.0f, dvb + (c0 + ka) * pb.Dv,
+                                   pb.Dv);
               fp32_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f, dp.data(),
                                   pb.BK);
             }
           } else if constexpr (bf16) {
-            if (tiles16) {   // dV^T[:, c0:] += dO^T Pd;  dP = dO V^T
+            if (tiles16) {   // dV[c0 + ka : c1] += Pd^T dO;  dP = dO V^T
               pair_rows(pv, pb.BK, nr, ncols, ppair.data());
-              bf16_transposed(opair.data(), pb.Dv, ppair.data(), ncols, nr, 1.0f, dvt.data() + c0, S16);
+              bf16_columns_by_pairs(ppair.data(), ncols, ka, nk, opair.data(), pb.Dv, nr, 1.0f, dvb + (c0 + ka) * pb.Dv,
+                                    pb.Dv);
               bf16_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f,
                                     dp.data(), pb.BK);
             }
@@ -191,18 +191,17 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
           }
           const scalar_t* dsi = as_input(dp.data(), conv.data(), nr * pb.BK);
           if constexpr (f32) {
-            if (tiles16) {   // dQ += scale dS K (keys [kfirst, c1) only);  dK^T[:, c0:] += scale Q^T dS
-              fp32_rows_by_rows(dp.data(), pb.BK, nr, kb + c0 * ks[2], ks[2], pb.D, std::max<int64_t>(kfirst - c0, 0),
-                                nk, scale, dq.data(), pb.D);
-              fp32_transposed(qt, qs[2], pb.D, dp.data(), pb.BK, ncols, nr, scale, dkt.data() + c0, S16);
+            if (tiles16) {   // dQ += scale dS K;  dK[c0 + ka : c1] += scale dS^T Q (keys [kfirst, c1) only)
+              fp32_rows_by_rows(dp.data(), pb.BK, nr, kb + c0 * ks[2], ks[2], pb.D, ka, nk, scale, dq.data(), pb.D);
+              fp32_columns_by_rows(dp.data(), pb.BK, ka, nk, qt, qs[2], pb.D, nr, scale, dkb + (c0 + ka) * pb.D, pb.D);
               continue;
             }
           } else if constexpr (bf16) {
-            if (tiles16) {   // dQ += scale dS K (keys [kfirst, c1) only);  dK^T[:, c0:] += scale Q^T dS
-              bf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, std::max<int64_t>(kfirst - c0, 0),
-                                   nk, scale, dq.data(), pb.D);
+            if (tiles16) {   // dQ += scale dS K;  dK[c0 + ka : c1] += scale dS^T Q (keys [kfirst, c1) only)
+              bf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, ka, nk, scale, dq.data(), pb.D);
               pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
-              bf16_transposed(qpair.data(), pb.D, dspair.data(), ncols, nr, scale, dkt.data() + c0, S16);
+              bf16_columns_by_pairs(dspair.data(), ncols, ka, nk, qpair.data(), pb.D, nr, scale, dkb + (c0 + ka) * pb.D,
+                                    pb.D);
               continue;
             }
           }
@@ -211,12 +210,6 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
           gemm(true, false, nk, pb.D, nr, scale, dsi, pb.BK, qt, qs[2], acc_t(1), dkb + c0 * pb.D, pb.D);
         }
         std::copy_n(dq.data(), nr * pb.D, g.dq + (bh * pb.L + r0) * pb.D);
-      }
-      if (tiles16) {   // dV, dK (S, X) from their transposes (X, S16)
-        for (int64_t j = 0; j < pb.S; ++j) {
-          for (int64_t d = 0; d < pb.Dv; ++d) dvb[j * pb.Dv + d] = dvt[d * S16 + j];
-          for (int64_t d = 0; d < pb.D; ++d) dkb[j * pb.D + d] = dkt[d * S16 + j];
-        }
       }
     }
   });

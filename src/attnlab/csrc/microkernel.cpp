@@ -236,10 +236,11 @@ void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at
                         0x0000FFFFu);
 }
 
-void bf16_transposed(const uint32_t* a_pairs, int64_t X, const uint32_t* b_pairs, int64_t ncols, int64_t nr,
-                       float alpha, float* ct, int64_t ldc) {
-  dp_gemm<true, false>(X, ncols / 16, (nr + 1) / 2, reinterpret_cast<const char*>(a_pairs), 4, 4 * X, b_pairs,
-                       ncols, 16, alpha, ct, ldc);
+void bf16_columns_by_pairs(const uint32_t* a_pairs, int64_t ncols, int64_t ka, int64_t kb, const uint32_t* b_pairs,
+                           int64_t X, int64_t nr, float alpha, float* c, int64_t ldc) {
+  // A = a^T: its row j is column ka + j of the pairs block (next row: next word), its step the next pair of rows
+  dp_gemm<true, false>(kb - ka, X / 16, (nr + 1) / 2, reinterpret_cast<const char*>(a_pairs + ka), 4, 4 * ncols,
+                       b_pairs, X, 16, alpha, c, ldc);
 }
 
 void fp32_rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
@@ -255,10 +256,10 @@ void fp32_rows_by_rows(const float* p, int64_t ldp, int64_t nr, const float* b, 
                               reinterpret_cast<const uint32_t*>(b + ka * ldb), ldb, 16, alpha, o, ldo);
 }
 
-void fp32_transposed(const float* a, int64_t lda, int64_t X, const float* b, int64_t ldb, int64_t ncols, int64_t nr,
-                     float alpha, float* ct, int64_t ldc) {
-  dp_gemm<true, false, false>(X, ncols / 16, nr, reinterpret_cast<const char*>(a), 4, 4 * lda,
-                              reinterpret_cast<const uint32_t*>(b), ldb, 16, alpha, ct, ldc);
+void fp32_columns_by_rows(const float* a, int64_t lda, int64_t ka, int64_t kb, const float* b, int64_t ldb, int64_t X,
+                          int64_t nr, float alpha, float* c, int64_t ldc) {
+  dp_gemm<true, false, false>(kb - ka, X / 16, nr, reinterpret_cast<const char*>(a + ka), 4, 4 * lda,
+                              reinterpret_cast<const uint32_t*>(b), ldb, 16, alpha, c, ldc);
 }
 
 #else   // built without AVX512-BF16: never called (tiles_built() is false)
@@ -271,16 +272,14 @@ void bf16_rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor
                            int64_t, int64_t, float, float*, int64_t) { not_built(); }
 void bf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
                           int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
-void bf16_transposed(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float, float*, int64_t) {
-  not_built();
-}
+void bf16_columns_by_pairs(const uint32_t*, int64_t, int64_t, int64_t, const uint32_t*, int64_t, int64_t, float, float*,
+                           int64_t) { not_built(); }
 void fp32_rows_by_groups(const float*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
                          float, float*, int64_t) { not_built(); }
 void fp32_rows_by_rows(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float*,
                        int64_t) { not_built(); }
-void fp32_transposed(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float, float*, int64_t) {
-  not_built();
-}
+void fp32_columns_by_rows(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float,
+                          float*, int64_t) { not_built(); }
 
 #endif
 

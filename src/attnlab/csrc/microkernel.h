@@ -53,10 +53,10 @@ void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at
                           int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
                           int64_t ldo);
 
-// ct (X, ncols; row stride ldc) += alpha * a^T b over nr rows: a given as pair_rows (X columns), b as
-// pair_rows (ncols columns, a multiple of 16). dV^T += dO^T P and dK^T += scale Q^T dS.
-void bf16_transposed(const uint32_t* a_pairs, int64_t X, const uint32_t* b_pairs, int64_t ncols, int64_t nr,
-                       float alpha, float* ct, int64_t ldc);
+// c (kb - ka, X; row stride ldc) += alpha * a[:, ka:kb]^T b over nr rows, a an (nr, ncols) block given
+// as pair_rows and b an (nr, X) block given as pair_rows; X a multiple of 16. dV += P^T dO, dK += scale dS^T Q.
+void bf16_columns_by_pairs(const uint32_t* a_pairs, int64_t ncols, int64_t ka, int64_t kb, const uint32_t* b_pairs,
+                           int64_t X, int64_t nr, float alpha, float* c, int64_t ldc);
 
 // float32 on the same micro-kernel (one element per word, FMA instead of vdpbf16ps):
 // k (B, Hkv, S, D) as groups of 16 keys, [D][16] floats each (S padded with zeros to S16).
@@ -70,8 +70,8 @@ void fp32_rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tens
 void fp32_rows_by_rows(const float* p, int64_t ldp, int64_t nr, const float* b, int64_t ldb, int64_t X, int64_t ka,
                        int64_t kb, float alpha, float* o, int64_t ldo);
 
-// ct (X, ncols) += alpha * a^T b over nr rows, a (nr, X) and b (nr, ncols) row-major; ncols a multiple of 16.
-void fp32_transposed(const float* a, int64_t lda, int64_t X, const float* b, int64_t ldb, int64_t ncols, int64_t nr,
-                     float alpha, float* ct, int64_t ldc);
+// c (kb - ka, X) += alpha * a[:, ka:kb]^T b over nr rows, a (nr, lda) and b (nr, X) row-major; X a multiple of 16.
+void fp32_columns_by_rows(const float* a, int64_t lda, int64_t ka, int64_t kb, const float* b, int64_t ldb, int64_t X,
+                          int64_t nr, float alpha, float* c, int64_t ldc);
 
 }  // namespace attnlab

