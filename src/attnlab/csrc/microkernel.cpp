@@ -49,11 +49,13 @@ inline uint32_t pair(at::BFloat16 lo, at::BFloat16 hi) {
 // One kv head of x (S rows, X columns) as groups of 16 rows: out[g][p][n] = (x[16g+n][2p], x[16g+n][2p+1]).
 void pack_groups(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64_t S16, uint32_t* out) {
   const int64_t P = X / 2;
-  for (int64_t g = 0; g < S16 / 16; ++g)
-    for (int64_t n = 0; n < 16; ++n) {
-      const int64_t j = 16 * g + n;
-      uint32_t* o = out + g * 16 * P + n;
-      for (int64_t p = 0; p < P; ++p) o[p * 16] = j < S ? load_word(x + j * ld + 2 * p) : 0u;
+  for (int64_t g = 0; g < S16 / 16; ++g)        // writes in order; the 16 rows read stay in L1
+    for (int64_t p = 0; p < P; ++p) {
+      uint32_t* o = out + (g * P + p) * 16;
+      for (int64_t n = 0; n < 16; ++n) {
+        const int64_t j = 16 * g + n;
+        o[n] = j < S ? load_word(x + j * ld + 2 * p) : 0u;
+      }
     }
 }
 
@@ -107,8 +109,12 @@ at::Tensor pack_key_groups(const float* k, const int64_t* ks, int64_t B, int64_t
     for (int64_t bh = begin; bh < end; ++bh) {
       const float* kb = k + (bh / Hkv) * ks[0] + (bh % Hkv) * ks[1];
       float* ob = o + bh * S16 * D;
-      for (int64_t j = 0; j < S16; ++j)         // key j -> group j / 16, lane j % 16, one row per d
-        for (int64_t d = 0; d < D; ++d) ob[(j / 16) * 16 * D + d * 16 + j % 16] = j < S ? kb[j * ks[2] + d] : 0.0f;
+      for (int64_t g = 0; g < S16 / 16; ++g)    // key 16 g + n -> lane n of row d of group g; writes in order
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t n = 0; n < 16; ++n) {
+            const int64_t j = 16 * g + n;
+            ob[(g * D + d) * 16 + n] = j < S ? kb[j * ks[2] + d] : 0.0f;
+          }
     }
   });
   return out;

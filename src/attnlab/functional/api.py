@@ -44,8 +44,10 @@ NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 TILES_MEASURED = {
-    torch.float32: "TBD",
-    torch.bfloat16: "TBD",
+    torch.float32: ("1.06-1.24x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.25-1.35x and "
+                    "1.36-1.68x its forward+backward, at n = 1024-16384 (forward+backward to 8192)"),
+    torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.48-1.80x and "
+                     "1.78-1.96x its forward+backward, at n = 1024-16384 (forward+backward to 8192)"),
 }
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
