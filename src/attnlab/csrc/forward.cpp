@@ -5,7 +5,8 @@
 // the logits row by row (scale, softcap, bias, mask) over each row's exact allowed columns, the
 // online softmax (running max m and sum l per row; Milakov & Gimelshein 2018), and one GEMM
 // O += P V. The division by l is deferred to the end (Dao 2023), and the per-row log-sum-exp is
-// saved for the backward pass and for ring attention's merge.
+// saved for the backward pass and for ring attention's merge. The two GEMMs run on the AVX-512
+// micro-kernel (microkernel.h) where it applies, else on the BLAS of gemm.cpp.
 #include "microkernel.h"
 #include "native.h"
 
@@ -74,8 +75,9 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
   const int64_t nq = pb.n_qtiles();
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
   const acc_t alpha_qk = qk_alpha(pb);
-  // bfloat16 on AVX512-BF16: K and V come packed (microkernel.h), key chunks start on a multiple of 16
-  // and span whole groups of 16 (ncols) in S = Q K^T; O += P V reads only the tile's keys [kfirst, khi).
+  // On the micro-kernel (float32, bfloat16; microkernel.h): K comes packed in groups of 16 keys (and V
+  // in key pairs for bfloat16), so key chunks start on a multiple of 16 and S = Q K^T spans whole
+  // groups (ncols); O += P V reads only the tile's keys [kfirst, khi).
   const bool tiles16 = pk != nullptr;
 
   at::parallel_for(0, pb.B * pb.H * nq, 1, [&](int64_t begin, int64_t end) {
