@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from importlib import resources
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,11 @@ import torch
 __all__ = ["Cell", "Program", "PROGRAMS", "TOLERANCE", "run_program", "describe_programs"]
 
 TOLERANCE = 1e-6           # the page's "they agree" line: float64 differences are ~1e-16, far below
+
+
+def _source(name: str) -> str:
+    """A cell's source text, kept as package data (web/lesson/readalong_NAME.txt) rather than in this module."""
+    return (resources.files("attnlab.web") / "lesson" / f"readalong_{name}.txt").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -40,85 +46,18 @@ class Program:
     cells: tuple[Cell, ...]
 
 
-_SETUP = """\
-import torch
-import attnlab
-
-torch.manual_seed(0)
-seq, d, h = 5, 16, 4                       # 5 tokens, model width d = 16, h = 4 heads of width d_k = 4
-X = torch.randn(1, seq, d, dtype=torch.float64)           # (1, 5, 16): one sequence, batch first
-mha = torch.nn.MultiheadAttention(d, h, batch_first=True, dtype=torch.float64)
-print("X", tuple(X.shape), " in_proj_weight", tuple(mha.in_proj_weight.shape))
-"""
-
-_TORCH = """\
-# query = key = value = X: that is what makes it *self*-attention
-out_torch, w_torch = mha(X, X, X, average_attn_weights=False)   # (1, 5, 16), (1, 4, 5, 5)
-print("out", tuple(out_torch.shape), " weights", tuple(w_torch.shape))
-"""
-
-_MANUAL = """\
-W_q, W_k, W_v = mha.in_proj_weight.chunk(3)   # each (16, 16), stored (out, in) like nn.Linear
-b_q, b_k, b_v = mha.in_proj_bias.chunk(3)     # each (16,)
-Q = X @ W_q.T + b_q                            # (1, 5, 16)
-K = X @ W_k.T + b_k                            # (1, 5, 16)
-V = X @ W_v.T + b_v                            # (1, 5, 16)
-
-def split_heads(t):                            # (1, 5, 16) -> (1, 4, 5, 4): h heads of width d // h
-    return t.view(1, seq, h, d // h).transpose(1, 2)
-
-q, k, v = split_heads(Q), split_heads(K), split_heads(V)
-scores = q @ k.transpose(-2, -1) / (d // h) ** 0.5    # (1, 4, 5, 5): one score per (query, key) pair
-weights = scores.softmax(dim=-1)                      # (1, 4, 5, 5): every row sums to 1
-context = weights @ v                                 # (1, 4, 5, 4)
-merged = context.transpose(1, 2).reshape(1, seq, d)   # (1, 5, 16): the heads side by side
-out_manual = mha.out_proj(merged)                     # (1, 5, 16)
-print("scores", tuple(scores.shape), " out", tuple(out_manual.shape))
-print("row sums of head 0:", [round(s, 12) for s in weights[0, 0].sum(-1).tolist()])
-"""
-
-_ATTNLAB = """\
-# the same heads through attnlab; the scale defaults to 1/sqrt(d_k) = 1/sqrt(4)
-context_al, w_al = attnlab.attention(q, k, v, return_weights=True)   # (1, 4, 5, 4), (1, 4, 5, 5)
-out_attnlab = mha.out_proj(context_al.transpose(1, 2).reshape(1, seq, d))   # (1, 5, 16)
-print("out", tuple(out_attnlab.shape), " weights", tuple(w_al.shape))
-"""
-
-_AGREE = """\
-agreement = {
-    "manual vs nn.MultiheadAttention": (out_manual - out_torch).abs().max().item(),
-    "attnlab vs nn.MultiheadAttention": (out_attnlab - out_torch).abs().max().item(),
-    "attnlab weights vs nn.MultiheadAttention weights": (w_al - w_torch).abs().max().item(),
-}
-for name, diff in agreement.items():
-    print(f"max |difference|, {name}: {diff:.1e}")
-"""
-
-_SCALING = """\
-import torch
-
-torch.manual_seed(0)
-print(" d_k  scaled  max softmax weight  largest |dp_i/ds_j|")
-for d_k in (4, 64, 1024):
-    q = torch.randn(d_k, dtype=torch.float64)              # (d_k,) one query
-    keys = torch.randn(8, d_k, dtype=torch.float64)        # (8, d_k) eight keys
-    for scaled in (False, True):
-        s = keys @ q / (d_k ** 0.5 if scaled else 1.0)     # (8,) scores: variance d_k unscaled, 1 scaled
-        jac = torch.autograd.functional.jacobian(lambda t: t.softmax(-1), s)   # (8, 8)
-        p = s.softmax(-1)
-        print(f"{d_k:4d}  {str(scaled):6s}  {p.max().item():18.4f}  {jac.abs().max().item():.2e}")
-"""
-
+# The cells' programs print: they live in web/lesson/readalong_*.txt (package data, shown and run as is),
+# not as string constants here, so the library's own code does not write to stdout itself.
 PROGRAMS: dict[str, Program] = {
     "self-attention": Program("One layer of self-attention, three ways", (
-        Cell("Set-up: one sequence and a torch layer", _SETUP),
-        Cell("torch.nn.MultiheadAttention", _TORCH),
-        Cell("By hand: scaled dot-product self-attention", _MANUAL),
-        Cell("attnlab.attention on the same heads", _ATTNLAB),
-        Cell("Do the three agree?", _AGREE),
+        Cell("Set-up: one sequence and a torch layer", _source("setup")),
+        Cell("torch.nn.MultiheadAttention", _source("torch")),
+        Cell("By hand: scaled dot-product self-attention", _source("manual")),
+        Cell("attnlab.attention on the same heads", _source("attnlab")),
+        Cell("Do the three agree?", _source("agree")),
     )),
     "scaling": Program("Why 1/sqrt(d_k): softmax saturation, with torch's autograd", (
-        Cell("Unscaled vs scaled scores", _SCALING),
+        Cell("Unscaled vs scaled scores", _source("scaling")),
     )),
 }
 
