@@ -88,12 +88,9 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
           const int64_t ka = std::max<int64_t>(kfirst - c0, 0);      // this tile's first key in the chunk
           bool all_full;
           if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
-          if constexpr (bf16) {
+          if constexpr (!std::is_same_v<scalar_t, double>) {
             if (tiles16)
-              bf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
-          } else if constexpr (f32) {
-            if (tiles16)
-              fp32_rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
+              rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
           }
           if (!tiles16)
             gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
@@ -132,21 +129,17 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             }
             pv = pd.data();
           }
-          if constexpr (f32) {
-            if (tiles16) {   // dV[c0 + ka : c1] += Pd^T dO;  dP = dO V^T (fp32: straight from the rows)
+          if (tiles16) {     // dV[c0 + ka : c1] += Pd^T dO (fp32 reads the rows as they are);  dP = dO V^T
+            if constexpr (f32) {
               fp32_columns_by_rows(pv, pb.BK, ka, nk, dout_t.data(), pb.Dv, pb.Dv, nr, 1.0f, dvb + (c0 + ka) * pb.Dv,
                                    pb.Dv);
-              fp32_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f, dp.data(),
-                                  pb.BK);
-            }
-          } else if constexpr (bf16) {
-            if (tiles16) {   // dV[c0 + ka : c1] += Pd^T dO;  dP = dO V^T
+            } else if constexpr (bf16) {
               pair_rows(pv, pb.BK, nr, ncols, ppair.data());
               bf16_columns_by_pairs(ppair.data(), ncols, ka, nk, opair.data(), pb.Dv, nr, 1.0f, dvb + (c0 + ka) * pb.Dv,
                                     pb.Dv);
-              bf16_rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f,
-                                    dp.data(), pb.BK);
             }
+            if constexpr (!std::is_same_v<scalar_t, double>)
+              rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f, dp.data(), pb.BK);
           }
           if (!tiles16) {
             // dV[c0:c1] += Pd^T dO
@@ -238,16 +231,9 @@ void run_backward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Ten
   }
   PackedKV packed;
   const PackedKV* pk = nullptr;
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+  if constexpr (!std::is_same_v<scalar_t, double>) {
     if (uses_tiles(pb)) {
       packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv, true);
-      pk = &packed;
-    }
-  } else if constexpr (std::is_same_v<scalar_t, float>) {
-    if (uses_tiles(pb)) {
-      packed.k_groups = pack_key_groups(k.data_ptr<float>(), ks, pb.B, pb.Hkv, pb.S, pb.D);
-      packed.v_groups = pack_key_groups(v.data_ptr<float>(), vs, pb.B, pb.Hkv, pb.S, pb.Dv);
-      packed.S16 = (pb.S + 15) / 16 * 16;
       pk = &packed;
     }
   }

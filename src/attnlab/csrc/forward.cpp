@@ -108,14 +108,10 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : nk;
         bool all_full;
         if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;       // an EMPTY block
-        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+        if constexpr (!std::is_same_v<scalar_t, double>) {
           if (tiles16)
-            bf16_rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk,
-                                  s.data(), pb.BK);
-        } else if constexpr (std::is_same_v<scalar_t, float>) {
-          if (tiles16)
-            fp32_rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk,
-                                s.data(), pb.BK);
+            rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk, s.data(),
+                           pb.BK);
         }
         if (!tiles16)
           gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
@@ -164,16 +160,10 @@ void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tens
   const int64_t vs[3] = {v.stride(0), v.stride(1), v.stride(2)}, os[3] = {out.stride(0), out.stride(1), out.stride(2)};
   PackedKV packed;
   const PackedKV* pk = nullptr;
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+  if constexpr (!std::is_same_v<scalar_t, double>) {
     if (uses_tiles(pb)) {
       packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv,
                        false);
-      pk = &packed;
-    }
-  } else if constexpr (std::is_same_v<scalar_t, float>) {
-    if (uses_tiles(pb)) {
-      packed.k_groups = pack_key_groups(k.data_ptr<float>(), ks, pb.B, pb.Hkv, pb.S, pb.D);
-      packed.S16 = (pb.S + 15) / 16 * 16;
       pk = &packed;
     }
   }

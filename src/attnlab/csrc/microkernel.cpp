@@ -75,8 +75,6 @@ PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v
                  int64_t Hkv, int64_t S, int64_t D, int64_t Dv, bool backward) {
   PackedKV pk;
   pk.S16 = (S + 15) / 16 * 16;
-  pk.D = D;
-  pk.Dv = Dv;
   const auto opts = at::TensorOptions().dtype(at::kInt);
   auto words = [](const at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); };
   pk.k_groups = at::empty({B * Hkv, pk.S16 * D / 2}, opts);
@@ -101,23 +99,37 @@ PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v
   return pk;
 }
 
-at::Tensor pack_key_groups(const float* k, const int64_t* ks, int64_t B, int64_t Hkv, int64_t S, int64_t D) {
+namespace {
+
+// One float32 tensor (B, Hkv, S, X) as groups of 16 keys: out[bh][g][x][n] = t[b, h, 16 g + n, x].
+at::Tensor pack_groups(const float* t, const int64_t* ts, int64_t B, int64_t Hkv, int64_t S, int64_t X) {
   const int64_t S16 = (S + 15) / 16 * 16;
-  auto out = at::empty({B * Hkv, S16 * D}, at::TensorOptions().dtype(at::kFloat));
+  auto out = at::empty({B * Hkv, S16 * X}, at::TensorOptions().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
-      const float* kb = k + (bh / Hkv) * ks[0] + (bh % Hkv) * ks[1];
-      float* ob = o + bh * S16 * D;
-      for (int64_t g = 0; g < S16 / 16; ++g)    // key 16 g + n -> lane n of row d of group g; writes in order
-        for (int64_t d = 0; d < D; ++d)
+      const float* tb = t + (bh / Hkv) * ts[0] + (bh % Hkv) * ts[1];
+      float* ob = o + bh * S16 * X;
+      for (int64_t g = 0; g < S16 / 16; ++g)    // key 16 g + n -> lane n of row x of group g; writes in order
+        for (int64_t x = 0; x < X; ++x)
           for (int64_t n = 0; n < 16; ++n) {
             const int64_t j = 16 * g + n;
-            ob[(g * D + d) * 16 + n] = j < S ? kb[j * ks[2] + d] : 0.0f;
+            ob[(g * X + x) * 16 + n] = j < S ? tb[j * ts[2] + x] : 0.0f;
           }
     }
   });
   return out;
+}
+
+}  // namespace
+
+PackedKV pack_kv(const float* k, const int64_t* ks, const float* v, const int64_t* vs, int64_t B, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t Dv, bool backward) {
+  PackedKV pk;
+  pk.S16 = (S + 15) / 16 * 16;
+  pk.k_groups = pack_groups(k, ks, B, Hkv, S, D);
+  if (backward) pk.v_groups = pack_groups(v, vs, B, Hkv, S, Dv);
+  return pk;
 }
 
 #ifdef ATTNLAB_TILES
@@ -219,16 +231,16 @@ void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) 
   }
 }
 
-void bf16_rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
-                           int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
+void rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
+                    int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
   const uint32_t* gb = words(groups) + bh * S16 * X / 2 + c0 * X / 2;
   dp_gemm<false, false>(nr, ncols / 16, X / 2, reinterpret_cast<const char*>(a), 2 * lda, 4, gb, 16, 8 * X, alpha, s,
                         lds);
 }
 
 void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
-                          int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
-                          int64_t ldo) {
+                        int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
+                        int64_t ldo) {
   const uint32_t* vq = words(pairs) + bh * S16 * X / 2 + c0 / 2 * X;
   const char* pc = reinterpret_cast<const char*>(p);
   // pair j covers keys 2j, 2j + 1: whole pairs inside [ka, kb), then the edge pairs masked
@@ -249,8 +261,8 @@ void bf16_columns_by_pairs(const uint32_t* a_pairs, int64_t ncols, int64_t ka, i
                        b_pairs, X, 16, alpha, c, ldc);
 }
 
-void fp32_rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
-                         int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
+void rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
+                    int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
   const uint32_t* gb = words(groups) + bh * S16 * X + c0 * X;
   dp_gemm<false, false, false>(nr, ncols / 16, X, reinterpret_cast<const char*>(a), 4 * lda, 4, gb, 16, 16 * X, alpha,
                                s, lds);
@@ -274,13 +286,13 @@ namespace {
 [[noreturn]] void not_built() { TORCH_CHECK(false, "attnlab: the AVX512-BF16 tiles were not built on this machine"); }
 }  // namespace
 void pair_rows(const float*, int64_t, int64_t, int64_t, uint32_t*) { not_built(); }
-void bf16_rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
+void rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
                            int64_t, int64_t, float, float*, int64_t) { not_built(); }
 void bf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
                           int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
 void bf16_columns_by_pairs(const uint32_t*, int64_t, int64_t, int64_t, const uint32_t*, int64_t, int64_t, float, float*,
                            int64_t) { not_built(); }
-void fp32_rows_by_groups(const float*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
+void rows_by_groups(const float*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
                          float, float*, int64_t) { not_built(); }
 void fp32_rows_by_rows(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float*,
                        int64_t) { not_built(); }

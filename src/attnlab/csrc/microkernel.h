@@ -25,14 +25,17 @@ inline bool uses_tiles(const Problem& pb) {
 //   groups: 16 keys at a time, [X/2][16] words -- the second operand of S = Q K^T and dP = dO V^T
 //   pairs:  2 keys at a time,  [X] words       -- the second operand of O += P V and dQ += dS K
 struct PackedKV {
-  at::Tensor k_groups, v_groups, v_pairs, k_pairs;   // int32 words, (B Hkv, S16 X / 2); undefined if unused
-  int64_t S16 = 0, D = 0, Dv = 0;
+  at::Tensor k_groups, v_groups, v_pairs, k_pairs;   // (B Hkv, S16 X / 2) int32 words; undefined if unused
+  int64_t S16 = 0;
 };
 
 // Packs k (B, Hkv, S, D) and v (B, Hkv, S, Dv) given by pointer and strides (b, h, s). The forward
-// needs k_groups and v_pairs; `backward` adds v_groups and k_pairs.
+// needs k_groups (and v_pairs in bfloat16); `backward` adds v_groups (and k_pairs in bfloat16).
+// float32 groups are (B Hkv, S16 X) floats, [X][16] per group of 16 keys.
 PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v, const int64_t* vs, int64_t B,
                  int64_t Hkv, int64_t S, int64_t D, int64_t Dv, bool backward);
+PackedKV pack_kv(const float* k, const int64_t* ks, const float* v, const int64_t* vs, int64_t B, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t Dv, bool backward);
 
 // Rows r0..r0+n of x (row stride ld, X columns) as pairs of rows: out[(i / 2) X + c] = (x[i][c], x[i+1][c]);
 // a missing last row reads as 0. `out` holds ceil(n / 2) X words.
@@ -43,29 +46,25 @@ void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out);
 
 // s (nr, ncols; row stride lds) = alpha * a (nr, X; row stride lda) B[c0 : c0 + ncols]^T, with B one kv
 // head's `groups` (X = D for K, Dv for V). c0 and ncols multiples of 16.
-void bf16_rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
-                           int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds);
+// float32: the same against its [X][16]-float groups.
+void rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
+                    int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds);
+void rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
+                    int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds);
 
 // o (nr, X; row stride ldo) += alpha * p[:, ka:kb] B[c0 + ka : c0 + kb], with B one kv head's `pairs`
 // (X = Dv for V, D for K) and p nr rows of stride ldp whose column 0 is key c0. c0 a multiple of 16.
 // Rows of B outside [c0 + ka, c0 + kb) are never part of the sum, even as 0 * B: a NaN there stays out.
 void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
-                          int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
-                          int64_t ldo);
+                        int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
+                        int64_t ldo);
 
 // c (kb - ka, X; row stride ldc) += alpha * a[:, ka:kb]^T b over nr rows, a an (nr, ncols) block given
 // as pair_rows and b an (nr, X) block given as pair_rows; X a multiple of 16. dV += P^T dO, dK += scale dS^T Q.
 void bf16_columns_by_pairs(const uint32_t* a_pairs, int64_t ncols, int64_t ka, int64_t kb, const uint32_t* b_pairs,
                            int64_t X, int64_t nr, float alpha, float* c, int64_t ldc);
 
-// float32 on the same micro-kernel (one element per word, FMA instead of vdpbf16ps):
-// k (B, Hkv, S, D) as groups of 16 keys, [D][16] floats each (S padded with zeros to S16).
-at::Tensor pack_key_groups(const float* k, const int64_t* ks, int64_t B, int64_t Hkv, int64_t S, int64_t D);
-
-// s (nr, ncols) = alpha * a (nr, X) K[c0 : c0 + ncols]^T against pack_key_groups; c0, ncols multiples of 16.
-void fp32_rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
-                         int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds);
-
+// float32 on the same micro-kernel (one element per word, FMA instead of vdpbf16ps); rows need no packing.
 // o (nr, X) += alpha * p[:, ka:kb] b[ka:kb], b row-major (row stride ldb) with X a multiple of 16.
 void fp32_rows_by_rows(const float* p, int64_t ldp, int64_t nr, const float* b, int64_t ldb, int64_t X, int64_t ka,
                        int64_t kb, float alpha, float* o, int64_t ldo);
