@@ -21,7 +21,7 @@ inline bool uses_tiles(const Problem& pb) {
 }
 
 // bfloat16 K and V of one call, packed once (O(S D)); keys padded with zeros to S16, a multiple of 16.
-// (float32 needs only `groups`: pack_key_groups below; its `pairs` are plain rows.)
+// (float32 needs only `groups`, [X][16] floats per group: its `pairs` are plain rows.)
 //   groups: 16 keys at a time, [X/2][16] words -- the second operand of S = Q K^T and dP = dO V^T
 //   pairs:  2 keys at a time,  [X] words       -- the second operand of O += P V and dQ += dS K
 struct PackedKV {
