@@ -146,3 +146,26 @@ def test_pick_prompts_deterministic_and_bounded():
     prompts = pick_prompts(tok, [("a.py", CODE)], 4, max_prompt_tokens=60)
     assert [p.name for p in prompts] == [p.name for p in pick_prompts(tok, [("a.py", CODE)], 4, 60)]
     assert prompts and all(len(p.prompt) <= 60 and p.prompt.startswith("def ") for p in prompts)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_code_models_train_on_the_configured_threads(monkeypatch, tmp_path, n):
+    """The budget is CPU time on ``threads`` threads: calibration and training run with that many."""
+    from attnlab.lab import code_train
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def calibrate(task, batch_size, lr):
+        seen.append(torch.get_num_threads())
+        raise Stop
+
+    monkeypatch.setattr(code_train, "make_code_task", lambda *a, **k: None)
+    monkeypatch.setattr(code_train, "calibrate", calibrate)
+    before = torch.get_num_threads()
+    cfg = code_train.CodeTrainConfig("code-small", 1000, 300, 1.0, threads=n)
+    with pytest.raises(Stop):
+        code_train.train_code_model("gpt", cfg, tmp_path / "run")
+    assert seen == [n] and torch.get_num_threads() == before
