@@ -23,7 +23,7 @@ import attnlab as al
 from attnlab.functional.registry import get_backend
 from attnlab.functional.request import make_request
 
-EXACT = ["reference", "sdpa", "tiled", "sparse", "auto"]
+EXACT = ["reference", "sdpa", "tiled", "sparse", "native", "auto"]
 NAN = float("nan")
 
 
@@ -118,7 +118,7 @@ def test_nan_in_nan_out_on_every_exact_backend(shape, mask_kind, where):
 def test_sdpa_short_rows_keep_nan_in_every_dtype(dtype, S):
     q, k, v = (torch.randn(1, 2, n, 8, dtype=dtype) for n in (3, S, S))
     q[0, 1, 2, 0] = NAN
-    for backend in ("sdpa", "auto", "tiled", "reference"):
+    for backend in ("sdpa", "auto", "tiled", "native", "reference"):
         nan = torch.isnan(al.attention(q, k, v, backend=backend))
         assert bool(nan[0, 1, 2].all()) and int(nan.sum()) == 8, (backend, S)
 
@@ -126,7 +126,7 @@ def test_sdpa_short_rows_keep_nan_in_every_dtype(dtype, S):
 def test_inf_in_a_masked_key_is_never_used():
     q, k, v = (torch.randn(1, 1, 40, 8) for _ in range(3))
     k[0, 0, 39, 0] = float("inf")                                                # only the last query may see it
-    outs = {b: al.attention(q, k, v, causal=True, backend=b) for b in ("reference", "sdpa", "tiled")}
+    outs = {b: al.attention(q, k, v, causal=True, backend=b) for b in ("reference", "sdpa", "tiled", "native")}
     for b, out in outs.items():
         assert torch.isfinite(out[0, 0, :39]).all(), b
         torch.testing.assert_close(out, outs["reference"], equal_nan=True)
