@@ -8,21 +8,16 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 
 import pytest
 
+from attnlab.train.distributed import free_port
+
 CHROMIUM = "/usr/bin/chromium"            # Debian's package (the Makefile installs it); never `playwright install`
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

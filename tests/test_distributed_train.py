@@ -6,7 +6,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from attnlab.data import prepare_lm_data
 from attnlab.models import GPTConfig
 from attnlab.tasks.lm import LMTask
 from attnlab.train import Trainer, TrainConfig, list_checkpoints, load_checkpoint
-from attnlab.train.distributed import DistContext, DistributedError, init_distributed
+from attnlab.train.distributed import DistContext, DistributedError, free_port, init_distributed
 
 TEXT = "".join(f"line {i}: the cat sat on mat number {i * 7 % 13}.\n" for i in range(120))
 # The same run as `attnlab train gpt` with these flags (tiny nano GPT, dropout 0: masks would differ per rank).
@@ -33,12 +32,6 @@ def configs(vocab_size: int, out) -> tuple[GPTConfig, TrainConfig]:
     cfg = TrainConfig.for_preset("nano", steps=4, batch_size=4, grad_accum=2, warmup_steps=2, eval_iters=2,
                                  eval_interval=2, checkpoint_interval=2, out_dir=str(out))
     return mcfg, cfg
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, world: int, port: int, corpus: str, out: str, fault: str, timeout_s: float) -> None:
@@ -72,7 +65,7 @@ def _rank_main(rank: int, world: int, port: int, corpus: str, out: str, fault: s
 def run_ranks(corpus: str, out: Path, *, fault: str = "none", timeout_s: float = 30.0, world: int = 2):
     """Spawn the ranks; returns ({rank: result text}, seconds until rank 0 ended). Never waits past LIMIT_S."""
     ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, corpus, str(out), fault, timeout_s))
              for r in range(world)]
     t0 = time.monotonic()
@@ -136,7 +129,7 @@ def test_only_rank_0_writes(ddp_run):
 
 
 def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(free_port()),
            "-m", "attnlab", "train", "gpt", *args, "--no-progress", "--dist-timeout", "30"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # twice the ranks' limit: torchrun starts 2 interpreters that import torch, slow on a busy machine

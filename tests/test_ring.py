@@ -7,7 +7,6 @@ group is joined with a deadline, so a hang fails the test instead of stalling th
 """
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 
@@ -20,14 +19,9 @@ from attnlab.functional import masks
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.functional.ring import ring_attention
 from attnlab.functional.ring_layout import positions, shard, unshard
+from attnlab.train.distributed import free_port
 
 GROUP_DEADLINE_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_ranks(fn, world: int, *args, deadline_s: float = GROUP_DEADLINE_S) -> float:
@@ -37,7 +31,7 @@ def _run_ranks(fn, world: int, *args, deadline_s: float = GROUP_DEADLINE_S) -> f
     ranks still running after ``deadline_s`` are killed and the test fails.
     """
     t0 = time.monotonic()
-    ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False,
+    ctx = mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, join=False,
                              start_method="spawn")
     try:
         while not ctx.join(timeout=0.5):

@@ -8,54 +8,33 @@ of the page showing MiniLM's attention (how docs/img/web-lab.png is made).
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from live_server import CHROMIUM, CHROMIUM_ARGS, live_server
 
-CHROMIUM = "/usr/bin/chromium"
 if not Path(CHROMIUM).is_file():
     pytest.skip(f"{CHROMIUM} is missing (the Makefile installs Debian's chromium package)", allow_module_level=True)
 pytest.importorskip("fastapi", reason="the web lab needs fastapi")
-uvicorn = pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
+pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is not installed")
 
 from attnlab.lab.inspect import list_models  # noqa: E402
 from attnlab.web import create_app  # noqa: E402
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 20_000                     # a shared 2-core machine: generous, still bounded
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(max_chars=200), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start within 20 s")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with live_server(create_app(max_chars=200)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def page(server):
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         pg = browser.new_page(viewport={"width": 1280, "height": 1000})
         pg.set_default_timeout(TIMEOUT_MS)
         outside: list[str] = []

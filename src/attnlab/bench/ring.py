@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -35,6 +34,7 @@ from typing import Optional
 import torch
 
 from .lm_report import _table
+from ..train.distributed import free_port
 from .machine import LoadMonitor, machine_info
 
 __all__ = ["RingBenchConfig", "RING_QUICK", "run_ring", "format_ring"]
@@ -75,12 +75,6 @@ def _check(cfg: RingBenchConfig) -> None:
     check_divisible(cfg.n, cfg.ranks, "zigzag")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, cfg: RingBenchConfig, out_dir: str) -> None:
     """One rank: join the group, time ``repeats`` ring forwards, save its times and output shard."""
     import torch.distributed as dist
@@ -111,7 +105,7 @@ def _rank(rank: int, world: int, port: int, cfg: RingBenchConfig, out_dir: str) 
 def _run_ranks(cfg: RingBenchConfig) -> tuple[list[list[float]], list[torch.Tensor]]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="attnlab-ring-") as out_dir:
-        mp.start_processes(_rank, args=(cfg.ranks, _free_port(), cfg, out_dir), nprocs=cfg.ranks,
+        mp.start_processes(_rank, args=(cfg.ranks, free_port(), cfg, out_dir), nprocs=cfg.ranks,
                            join=True, start_method="spawn")
         saved = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(cfg.ranks)]
     return [s["times"] for s in saved], [s["out"] for s in saved]

@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,7 +46,7 @@ import torch
 import torch.distributed as tdist
 from torch import Tensor, nn
 
-__all__ = ["DistContext", "DistributedError", "init_distributed", "DEFAULT_TIMEOUT_S", "QuietLog"]
+__all__ = ["DistContext", "DistributedError", "init_distributed", "free_port", "DEFAULT_TIMEOUT_S", "QuietLog"]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,14 @@ class DistContext:
                 with self.failures():
                     tdist.barrier()
             tdist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago: the rendezvous port for ranks spawned on this
+    machine (``tcp://127.0.0.1:PORT`` or ``MASTER_PORT``), and for a local test server."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _rank_seed(seed: int, rank: int, step: int) -> int:
