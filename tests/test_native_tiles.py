@@ -29,7 +29,7 @@ def test_the_tiles_are_built_where_the_cpu_has_them():
     if not _cpu_has_avx512_bf16():
         pytest.skip("this CPU has no AVX512-BF16")
     assert "AVX512-BF16 tiles" in native.info(), native.info()
-    assert native.on_tiles(64, 64) and not native.on_tiles(40, 64)
+    assert native.on_tiles(64, 64) and not native.on_tiles(40, 64) and not native.on_tiles(64, 64, tile_k=120)
 
 
 DTYPES = [torch.bfloat16, torch.float32]

@@ -162,6 +162,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("blas", &attnlab::blas_name, "which GEMM each dtype uses");
   m.def("tiles_built", &attnlab::tiles_built, "whether float32 and bfloat16 run on the AVX-512 micro-kernel "
         "(where D and Dv are multiples of 16)");
+  m.def("uses_tiles", [](int64_t D, int64_t Dv, int64_t BK) {
+    struct Shape { int64_t D, Dv, BK; } shape{D, Dv, BK};
+    return attnlab::uses_tiles(shape);               // the forward's and backward's own test
+  }, "whether a float32 or bfloat16 call with head dims D, Dv and key chunk BK runs on the micro-kernel");
   m.def("capability", []() {
 #if defined(CPU_CAPABILITY_AVX512)
     return std::string("AVX512");

@@ -53,15 +53,20 @@ def info() -> str:
     return f"native: at::vec {_native.capability()}; {_native.blas()}"
 
 
-def on_tiles(D: int, Dv: int) -> bool:
-    """Does a float32 or bfloat16 call with head dims D, Dv run on the AVX-512 micro-kernel
-    (csrc/microkernel.cpp) rather than MKL's GEMMs?
+def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
+    """Does a float32 or bfloat16 call with head dims D, Dv (and key chunk ``tile_k``, default: the
+    default tiles') run on the AVX-512 micro-kernel (csrc/microkernel.cpp) rather than MKL's GEMMs?
 
-    It needs a build on a CPU with AVX512-BF16 and D, Dv multiples of 16 (the default key chunk is
-    one too). bfloat16 gains most: MKL's bf16 GEMM is no faster than fp32 on this machine, the
-    micro-kernel's ``vdpbf16ps`` twice as fast.
+    It needs a build on a CPU with AVX512-BF16 and D, Dv and the key chunk multiples of 16: the
+    kernel's own test (``uses_tiles``), asked, not restated. bfloat16 gains most: MKL's bf16 GEMM is
+    no faster than fp32 on this machine, the micro-kernel's ``vdpbf16ps`` twice as fast.
+
+    >>> on_tiles(64, 64), on_tiles(40, 64), on_tiles(64, 64, tile_k=120)   # on an AVX512-BF16 build
+    (True, False, False)
     """
-    return _native is not None and _native.tiles_built() and D % 16 == 0 and Dv % 16 == 0
+    if _native is None:
+        return False
+    return _native.uses_tiles(D, Dv, tile_k if tile_k is not None else default_tiles(torch.float32, None)[1])
 
 
 def default_tiles(dtype: torch.dtype, spans: Optional[Tensor]) -> tuple[int, int]:
