@@ -33,8 +33,8 @@ from typing import Optional
 
 import torch
 
-from .lm_report import _table
 from ..train.distributed import free_port
+from .lm_report import _table
 from .machine import LoadMonitor, machine_info
 
 __all__ = ["RingBenchConfig", "RING_QUICK", "run_ring", "format_ring"]
