@@ -287,13 +287,13 @@ namespace {
 }  // namespace
 void pair_rows(const float*, int64_t, int64_t, int64_t, uint32_t*) { not_built(); }
 void rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, float, float*, int64_t) { not_built(); }
+                    int64_t, int64_t, float, float*, int64_t) { not_built(); }
 void bf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
-                          int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
+                        int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
 void bf16_columns_by_pairs(const uint32_t*, int64_t, int64_t, int64_t, const uint32_t*, int64_t, int64_t, float, float*,
                            int64_t) { not_built(); }
 void rows_by_groups(const float*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
-                         float, float*, int64_t) { not_built(); }
+                    float, float*, int64_t) { not_built(); }
 void fp32_rows_by_rows(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float*,
                        int64_t) { not_built(); }
 void fp32_columns_by_rows(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float,

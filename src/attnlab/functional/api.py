@@ -31,8 +31,8 @@ SMALL_PROBLEM = 512 * 512
 # the fastest exact backend", B=1 H=8 D=64, idle machine):
 # * fp32 and bf16 with D and Dv multiples of 16, where the compiled kernel runs its AVX-512
 #   micro-kernel (csrc/microkernel.cpp): it beat SDPA's flash kernel forward and backward, with and
-#   without a causal mask, at every n above 512^2 (TILES_MEASURED; fp32 forward without a mask ties at
-#   n = 1024). The rules below are for other head dims, where its GEMMs are MKL's:
+#   without a causal mask, at every n above 512^2 (TILES_MEASURED: the "one table" of n = 1024-16384,
+#   10-repeat medians up to 4096). The rules below are for other head dims, where its GEMMs are MKL's:
 # * fp32 causal: the compiled kernel beat SDPA's flash kernel at every n (forward 1.24x, 1.10x, 1.11x,
 #   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
 # * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
@@ -44,10 +44,10 @@ NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 TILES_MEASURED = {
-    torch.float32: ("1.06-1.24x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.25-1.35x and "
-                    "1.36-1.68x its forward+backward, at n = 1024-16384 (forward+backward to 8192)"),
-    torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.48-1.80x and "
-                     "1.78-1.96x its forward+backward, at n = 1024-16384 (forward+backward to 8192)"),
+    torch.float32: ("1.11-1.20x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.29-1.36x and "
+                    "1.28-1.68x its forward+backward, at n = 1024-16384"),
+    torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.67-1.89x and "
+                     "1.78-1.96x its forward+backward, at n = 1024-16384"),
 }
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25

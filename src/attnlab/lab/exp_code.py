@@ -16,9 +16,10 @@ generates syntactically correct code completions"), measured on held-out stdlib 
   tokens many lines back, against its weight at the same distance from every other position.
 
 Models (``code_train.code_models``): full run: GPT preset ``code`` (4 layers, d = 128, context 256)
-and its LSTM, 9 CPU-minutes each; ``--quick``: preset ``code-small`` (2 layers, d = 64) on 1.5 MB, 120
-CPU-seconds each — both trained by the claim unless a finished pair with the same configuration
-is in the verify work directory (then reused, and the claim says so).
+and its LSTM, 18 CPU-minutes each on 2 threads (about 9 minutes of the 2-core machine); ``--quick``:
+preset ``code-small`` (2 layers, d = 64) on 1.5 MB, 120 CPU-seconds each on one thread — both trained
+by the claim unless a finished pair with the same configuration is in the verify work directory
+(then reused, and the claim says so).
 """
 from __future__ import annotations
 
