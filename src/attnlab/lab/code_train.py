@@ -85,31 +85,41 @@ def _done(out: Path) -> Optional[dict]:
     return json.loads(meta.read_text()) if meta.exists() else None
 
 
-def train_code_model(arch: str, cfg: CodeTrainConfig, out: Path, data: Optional[CodeData] = None) -> dict:
+def train_code_model(arch: str, cfg: CodeTrainConfig, out: Path, data: Optional[CodeData] = None, *,
+                     steps: Optional[int] = None, checkpoints: int = 1) -> dict:
     """Train ``arch`` ("gpt" / "lstm") for ``cfg.cpu_budget_s`` CPU seconds on ``cfg.threads`` threads into ``out``.
 
+    ``steps`` given: exactly that many steps, no calibration (``scripts/code_budget.py``: the claims
+    against training length); the record then says ``"steps_from": "fixed"`` and ``code_models``
+    never reuses it. ``checkpoints``: one every ceil(steps / checkpoints) steps and one at the end
+    (the learning rate decays over the whole run, so an earlier one is not a shorter run's end).
     Writes ``out/code-budget.json`` last ({config, steps, cpu_s_per_step, wall_s}), so a run cut
     short is never mistaken for a finished one.
     """
     from ..train import Trainer, TrainConfig
+    if checkpoints < 1 or (steps is not None and steps < checkpoints):
+        raise ValueError(f"need steps >= checkpoints >= 1, got steps={steps}, checkpoints={checkpoints}")
     if out.exists():                                  # an unfinished run: start again from scratch
         shutil.rmtree(out)
     with threads(cfg.threads):
         task = make_code_task(arch, cfg.preset, cfg.vocab_size, cfg.max_bytes, data=data)
         lr = cfg.lr_gpt if arch == "gpt" else cfg.lr_lstm
-        s_per_step = calibrate(task, cfg.batch_size, lr)
-        steps = max(10, int(cfg.cpu_budget_s / s_per_step))
+        s_per_step = calibrate(task, cfg.batch_size, lr) if steps is None else None
+        fixed = steps is not None
+        steps = steps if fixed else max(10, int(cfg.cpu_budget_s / s_per_step))
         tc = TrainConfig(steps=steps, batch_size=cfg.batch_size, lr=lr, min_lr=lr / 20,
-                         warmup_steps=min(100, steps // 10), eval_interval=max(1, steps // 4), eval_iters=5,
-                         checkpoint_interval=steps, seed=cfg.seed, out_dir=str(out))
+                         warmup_steps=min(100, steps // 10), eval_interval=max(1, steps // max(4, 2 * checkpoints)),
+                         eval_iters=5, checkpoint_interval=-(-steps // checkpoints), keep_checkpoints=checkpoints + 1,
+                         seed=cfg.seed, out_dir=str(out))
         t0, c0 = time.perf_counter(), time.process_time()
         trainer = Trainer(task, tc, progress=False)
         trainer.train(plot=False)
-        record = {"config": asdict(cfg), "arch": arch, "steps": steps, "cpu_s_per_step": round(s_per_step, 4),
+        record = {"config": asdict(cfg), "arch": arch, "steps": steps, "steps_from": "fixed" if fixed else "budget",
+                  "cpu_s_per_step": None if fixed else round(s_per_step, 4),
                   "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.perf_counter() - t0, 1),
                   "params": sum(p.numel() for p in trainer.model.parameters()), "val_loss": trainer.last_val}
     (out / "code-budget.json").write_text(json.dumps(record, indent=1))
-    log.info("code %s: %d steps (%.3f CPU s/step) in %.0f s", arch, steps, s_per_step, record["wall_s"])
+    log.info("code %s: %d steps in %.0f s", arch, steps, record["wall_s"])
     return record
 
 
@@ -120,7 +130,7 @@ def code_models(cfg: CodeTrainConfig, workdir: Path) -> CodeModels:
     for arch in ("gpt", "lstm"):
         out = Path(workdir) / f"code-{cfg.tag()}-{arch}"
         record = _done(out)
-        if record is not None and record["config"] == asdict(cfg):
+        if record is not None and record["config"] == asdict(cfg) and record.get("steps_from", "budget") == "budget":
             provenance[arch] = {**record, "source": f"reused: finished run in {out}"}
         else:
             if data is None:

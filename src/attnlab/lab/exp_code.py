@@ -35,7 +35,8 @@ from .code_train import CodeModels, CodeTrainConfig, code_models
 from .report import new_figure, png_bytes
 
 __all__ = ["CodeClaimConfig", "CODE_QUICK", "CODE_FULL", "judge_syntax", "judge_brackets", "judge_def_use",
-           "best_head", "claim_code_syntax", "claim_code_brackets", "claim_code_def_use", "CLAIMS"]
+           "best_head", "bracket_verdict", "defuse_verdict", "held_out_stats", "syntax_prompts", "sample_bodies",
+           "claim_code_syntax", "claim_code_brackets", "claim_code_def_use", "CLAIMS"]
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,27 @@ def _stats(ctx: VerifyContext, cfg: CodeClaimConfig, m: CodeModels) -> dict:
     key = (str(ctx.workdir), cfg)
     if key not in _STATS:
         _STATS.clear()
-        context = m.gpt.cfg.max_len
-        _STATS[key] = {half: attention_stats(m.gpt, m.data.tokenizer, m.data.heldout_half(half), context, cfg.windows)
-                       for half in ("select", "test")}
+        _STATS[key] = held_out_stats(m.gpt, m.data, cfg)
     return _STATS[key]
+
+
+def held_out_stats(gpt, data, cfg: CodeClaimConfig) -> dict:
+    """``attention_stats`` of every head on each half of the held-out files: {"select": ..., "test": ...}."""
+    return {half: attention_stats(gpt, data.tokenizer, data.heldout_half(half), gpt.cfg.max_len, cfg.windows)
+            for half in ("select", "test")}
+
+
+def syntax_prompts(data, cfg: CodeClaimConfig, context: int) -> list:
+    """The syntax claim's prompts: from every held-out file (the select/test halves matter only where a head is
+    chosen, and nothing is chosen here; the test half alone has ~27 prompts of <= 128 tokens, under the 60 the
+    criteria were set for), at most half the context long."""
+    return pick_prompts(data.tokenizer, data.heldout, cfg.prompts, context // 2)
+
+
+def sample_bodies(model, data, prompts: list, cfg: CodeClaimConfig, seed: int) -> list[dict]:
+    """``syntax_samples`` with the claim's sampling settings."""
+    return syntax_samples(model, data.tokenizer, prompts, max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature, top_k=cfg.top_k, seed=seed)
 
 
 def _provenance(m: CodeModels) -> str:
@@ -164,6 +182,21 @@ def _defuse_score(s: dict) -> float:
     return s["defuse_weight"] - s["defuse_control"]
 
 
+def bracket_verdict(stats: dict, cfg: CodeClaimConfig) -> tuple[int, int, dict, list[Check]]:
+    """The bracket head chosen on ``stats["select"]``, summarised and judged on ``stats["test"]``:
+    (layer, head, head_summary, checks)."""
+    layer, head = best_head(stats["select"], _bracket_score)
+    s = head_summary(stats["test"], layer, head)
+    return layer, head, s, judge_brackets(s, cfg.nested_accuracy, cfg.weight_ratio, cfg.min_bin_pairs)
+
+
+def defuse_verdict(stats: dict, cfg: CodeClaimConfig) -> tuple[int, int, dict, list[Check]]:
+    """The def → use head chosen on ``stats["select"]``, judged on ``stats["test"]`` (as ``bracket_verdict``)."""
+    layer, head = best_head(stats["select"], _defuse_score)
+    s = head_summary(stats["test"], layer, head)
+    return layer, head, s, judge_def_use(s, cfg.defuse_ratio, cfg.defuse_beats, cfg.min_defuse_pairs)
+
+
 # ------------------------------------------------------------------------------------------- claims
 def _syntax_plot(rates: dict, n: int, cfg: CodeClaimConfig) -> bytes:
     fig, ax = new_figure(1, width=5.0)
@@ -183,13 +216,10 @@ def claim_code_syntax(ctx: VerifyContext) -> Claim:
     """A code GPT completes held-out functions with valid syntax more often than an LSTM or a bigram model."""
     cfg = _config(ctx)
     m = _models(ctx, cfg)
-    # every held-out file: the select/test halves matter only where a head is chosen, and nothing is chosen here
-    # (the test half alone has ~27 prompts of <= 128 tokens, under the 60 the criteria were set for)
-    prompts = pick_prompts(m.data.tokenizer, m.data.heldout, cfg.prompts, m.gpt.cfg.max_len // 2)
+    prompts = syntax_prompts(m.data, cfg, m.gpt.cfg.max_len)
     samples, rates, finished = {}, {}, {}
     for name, model in (("gpt", m.gpt), ("lstm", m.lstm), ("bigram", m.bigram)):
-        samples[name] = syntax_samples(model, m.data.tokenizer, prompts, max_new_tokens=cfg.max_new_tokens,
-                                       temperature=cfg.temperature, top_k=cfg.top_k, seed=ctx.seed)
+        samples[name] = sample_bodies(model, m.data, prompts, cfg, ctx.seed)
         rates[name] = float(np.mean([s["ok"] for s in samples[name]])) if prompts else 0.0
         finished[name] = float(np.mean([s["finished"] for s in samples[name]])) if prompts else 0.0
     n = len(prompts)
@@ -245,9 +275,7 @@ def claim_code_brackets(ctx: VerifyContext) -> Claim:
     cfg = _config(ctx)
     m = _models(ctx, cfg)
     st = _stats(ctx, cfg, m)
-    layer, head = best_head(st["select"], _bracket_score)
-    s = head_summary(st["test"], layer, head)
-    checks = judge_brackets(s, cfg.nested_accuracy, cfg.weight_ratio, cfg.min_bin_pairs)
+    layer, head, s, checks = bracket_verdict(st, cfg)
     return Claim(
         "code-brackets", "Code: a bracket-matching head, by distance and nesting",
         statement="Self-attention learns the matching of opening and closing brackets.",
@@ -280,9 +308,7 @@ def claim_code_def_use(ctx: VerifyContext) -> Claim:
     cfg = _config(ctx)
     m = _models(ctx, cfg)
     st = _stats(ctx, cfg, m)
-    layer, head = best_head(st["select"], _defuse_score)
-    s = head_summary(st["test"], layer, head)
-    checks = judge_def_use(s, cfg.defuse_ratio, cfg.defuse_beats, cfg.min_defuse_pairs)
+    layer, head, s, checks = defuse_verdict(st, cfg)
     keys = ("defuse_pairs", "defuse_weight", "defuse_control", "defuse_beats_control", "defuse_argmax_on_def",
             "defuse_mean_distance")
     return Claim(

@@ -1,0 +1,82 @@
+"""Training the code GPT for a fixed number of steps (scripts/code_budget.py), and judging its checkpoints."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from attnlab.lab import code_train
+from attnlab.lab.exp_code import CODE_QUICK
+from attnlab.tasks.code import prepare_code_data
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "code_budget.py"
+CFG = code_train.CodeTrainConfig("code-small", 600_000, 300, 1.0, batch_size=2)   # 6 held-out prompts
+
+
+@pytest.fixture(scope="module")
+def data():
+    return prepare_code_data(CFG.max_bytes, CFG.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("work") / f"code-{CFG.tag()}-gpt"      # where code_models would look
+    return out, code_train.train_code_model("gpt", CFG, out, data, steps=6, checkpoints=3)
+
+
+def test_fixed_steps_train_exactly_and_checkpoint_evenly(fixed_run):
+    out, record = fixed_run
+    assert record["steps"] == 6 and record["steps_from"] == "fixed" and record["cpu_s_per_step"] is None
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
+    assert json.loads((out / "code-budget.json").read_text())["config"] == asdict(CFG)
+
+
+def test_a_fixed_steps_run_is_never_reused_as_a_budget_run(fixed_run, monkeypatch):
+    """Its config matches, but its length was not the budget's: code_models trains again."""
+    out, _ = fixed_run
+    trained = []
+
+    class Stop(Exception):
+        pass
+
+    def train(arch, cfg, where, data=None, **kw):
+        trained.append((arch, where))
+        raise Stop
+
+    monkeypatch.setattr(code_train, "train_code_model", train)
+    with pytest.raises(Stop):
+        code_train.code_models(CFG, out.parent)
+    assert trained == [("gpt", out)]
+
+
+@pytest.mark.parametrize("steps, checkpoints", [(2, 3), (5, 0)])
+def test_steps_must_cover_the_checkpoints(tmp_path, steps, checkpoints):
+    with pytest.raises(ValueError, match=f"steps={steps}, checkpoints={checkpoints}"):
+        code_train.train_code_model("gpt", CFG, tmp_path / "run", steps=steps, checkpoints=checkpoints)
+    assert not (tmp_path / "run").exists()
+
+
+def test_script_judges_a_checkpoint_as_the_claims_do(fixed_run, data):
+    spec = importlib.util.spec_from_file_location("code_budget", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out, _ = fixed_run
+    cfg = replace(CODE_QUICK, prompts=2, max_new_tokens=8, windows=4)
+    row = script.judge_checkpoint(out / "step-000006", data, cfg)
+    assert row["checkpoint"] == "step-000006" and row["prompts"] == 2 and 0 <= row["gpt_syntax_rate"] <= 1
+    for name, labels in (("brackets", 2), ("def_use", 3)):          # the judges' checks, one per criterion part
+        assert len(row[name]["checks"]) == labels and row[name]["head"].startswith("L")
+        assert row[name]["passed"] == all(c["passed"] for c in row[name]["checks"])
+    assert not row["brackets"]["passed"]                               # 6 steps track no nesting
+
+
+def test_script_rejects_fewer_steps_than_checkpoints():
+    run = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--checkpoints", "3"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2 and "--steps (2) must be >= --checkpoints (3)" in run.stderr
