@@ -12,7 +12,8 @@ last checkpoint is a finished run; the earlier ones show the trend.
 The full claim gave the GPT 4,320 steps (run 4, docs/results.md). Usage (about 0.16-0.19 s a step
 on the idle 2-core machine, then ~3.5 minutes of measuring per checkpoint)::
 
-    .venv/bin/python scripts/code_budget.py --steps 8522 --checkpoints 3 --out runs/code-budget
+    .venv/bin/python scripts/code_budget.py --steps 17280 --checkpoints 2 --out runs/code-budget-4x
+    .venv/bin/python scripts/code_budget.py --judge-only --out runs/code-budget-4x      # judge again
 
 Prints one JSON line per checkpoint (step, held-out loss in nats/token, the checks) and writes them to
 OUT/judged.json.
@@ -52,21 +53,23 @@ def judge_checkpoint(path: Path, data, cfg=CODE_FULL, seed: int = 0) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, required=True, help="training steps of the GPT (the full claim: ~4,320)")
+    p.add_argument("--steps", type=int, help="training steps of the GPT (the full claim: ~4,320); not with --judge-only")
     p.add_argument("--checkpoints", type=int, default=3, help="evenly spaced checkpoints to judge (default 3)")
-    p.add_argument("--out", type=Path, default=Path("runs/code-budget"), help="run directory (replaced)")
+    p.add_argument("--out", type=Path, default=Path("runs/code-budget"), help="run directory (its gpt/ is replaced)")
     p.add_argument("--judge-only", action="store_true", help="judge the checkpoints already in --out")
     args = p.parse_args(argv)
-    if args.steps < args.checkpoints or args.checkpoints < 1:
+    if args.judge_only != (args.steps is None):
+        p.error("give --steps to train, or --judge-only to judge the checkpoints already in --out")
+    if not args.judge_only and (args.steps < args.checkpoints or args.checkpoints < 1):
         p.error(f"--steps ({args.steps}) must be >= --checkpoints ({args.checkpoints}) >= 1")
+    gpt_dir = args.out / "gpt"
+    if args.judge_only and not any(gpt_dir.glob("step-*")):
+        p.error(f"--judge-only: no checkpoints in {gpt_dir}")
     cfg = CODE_FULL.train
     data = prepare_code_data(cfg.max_bytes, cfg.vocab_size)
-    gpt_dir = args.out / "gpt"
     if not args.judge_only:
         record = train_code_model("gpt", cfg, gpt_dir, data, steps=args.steps, checkpoints=args.checkpoints)
         print(json.dumps({k: record[k] for k in ("steps", "cpu_s", "wall_s", "val_loss")}), flush=True)
-    elif not any(gpt_dir.glob("step-*")):
-        p.error(f"--judge-only: no checkpoints in {gpt_dir}")
     val = {m["step"]: m["val_loss"] for m in map(json.loads, (gpt_dir / "metrics.jsonl").read_text().splitlines())
            if "val_loss" in m}
     rows = []

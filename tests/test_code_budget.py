@@ -76,7 +76,18 @@ def test_script_judges_a_checkpoint_as_the_claims_do(fixed_run, data):
     assert not row["brackets"]["passed"]                               # 6 steps track no nesting
 
 
-def test_script_rejects_fewer_steps_than_checkpoints():
-    run = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--checkpoints", "3"],
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "2", "--checkpoints", "3"], "--steps (2) must be >= --checkpoints (3)"),
+    ([], "give --steps to train, or --judge-only"),
+    (["--steps", "9", "--judge-only"], "give --steps to train, or --judge-only"),
+])
+def test_script_rejects_bad_arguments(tmp_path, args, message):
+    run = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode == 2 and "--steps (2) must be >= --checkpoints (3)" in run.stderr
+    assert run.returncode == 2 and message in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_script_judge_only_needs_checkpoints(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPT), "--judge-only", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2 and f"no checkpoints in {tmp_path / 'gpt'}" in run.stderr
