@@ -33,6 +33,7 @@ from attnlab.lab.exp_code import (CODE_FULL, bracket_verdict, defuse_verdict, he
 from attnlab.lab.exp_sequential import threads
 from attnlab.tasks import load_model
 from attnlab.tasks.code import prepare_code_data
+from attnlab.train.metrics import read_records
 
 
 def judge_checkpoint(path: Path, data, cfg=CODE_FULL, seed: int = 0) -> dict:
@@ -70,8 +71,7 @@ def main(argv=None) -> int:
     if not args.judge_only:
         record = train_code_model("gpt", cfg, gpt_dir, data, steps=args.steps, checkpoints=args.checkpoints)
         print(json.dumps({k: record[k] for k in ("steps", "cpu_s", "wall_s", "val_loss")}), flush=True)
-    val = {m["step"]: m["val_loss"] for m in map(json.loads, (gpt_dir / "metrics.jsonl").read_text().splitlines())
-           if "val_loss" in m}
+    val = {r["step"]: r["val_loss"] for r in read_records(gpt_dir / "metrics.jsonl") if "val_loss" in r}
     rows = []
     with threads(cfg.threads):
         for path in sorted(gpt_dir.glob("step-*")):

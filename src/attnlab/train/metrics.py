@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["MetricsLog", "plot_loss_curve", "format_metrics"]
+__all__ = ["MetricsLog", "read_records", "plot_loss_curve", "format_metrics"]
 
 
 class MetricsLog:
@@ -36,15 +36,22 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
     def records(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:        # a line cut short by a crash: skip it
-                continue
-        return out
+        return read_records(self.path)
+
+
+def read_records(path: Union[str, Path]) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (none if it is missing), without opening it for writing
+    as ``MetricsLog`` does."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:            # a line cut short by a crash: skip it
+            continue
+    return out
 
 
 def plot_loss_curve(records: list[dict], path: Union[str, Path], title: str = "",
