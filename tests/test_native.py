@@ -167,6 +167,51 @@ def test_strided_views_run_without_a_copy_and_agree():
     torch.testing.assert_close(out, reference_attention(q, q, q, mask=masks.causal(), scale=0.25))
 
 
+@pytest.mark.parametrize("D,Dv", [(65, 15), (40, 40), (64, 64)])     # MKL's GEMMs, and the micro-kernel
+@pytest.mark.parametrize("BH", [(1, 1), (2, 4)])                     # one work unit (no parallel region), several
+def test_results_are_the_same_bits_at_any_thread_count(D, Dv, BH):
+    """The design's promise: no thread count changes a bit of the output or the gradients (before MKL was
+    pinned to one thread per call, fp32 results moved by up to 8e-7 between 1 and 2 threads at D = 65)."""
+    q, k, v = leaves((*BH, 70, D), (*BH, 90, D), (*BH, 90, Dv), dtype=torch.float32)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            out = native_attention(q, k, v, mask=masks.causal(), scale=D ** -0.5)
+            runs.append((out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
+    finally:
+        torch.set_num_threads(before)
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            assert torch.equal(a, b), f"max difference {(a - b).abs().max().item():.3g} between thread counts"
+
+
+def test_rows_narrower_than_their_width_are_read_right():
+    """A sequence stride below the row width is no BLAS leading dimension (MKL: "Parameter 8 was incorrect",
+    and a wrong answer): an expanded V (stride 0), an L = 1 view whose row stride is 1, a D = 1 last dim with
+    any stride, and an expanded Dv = 1 incoming gradient -- each read through a copy or canonical strides."""
+    g = torch.Generator().manual_seed(3)
+    cases = [
+        (torch.randn(1, 1, 5, 17, generator=g), torch.randn(1, 1, 4, 17, generator=g),
+         torch.randn(1, 1, 1, 17, generator=g).expand(1, 1, 4, 17)),
+        (torch.randn(1, 2, 31, 1, generator=g).transpose(-1, -2), torch.randn(1, 2, 64, 31, generator=g),
+         torch.randn(1, 2, 64, 8, generator=g)),
+        (torch.randn(2, 3, 7, 1, generator=g)[:, :, ::2], torch.randn(2, 3, 9, 1, generator=g).transpose(1, 2)
+         .contiguous().transpose(1, 2), torch.randn(2, 1, 9, 1, generator=g).expand(2, 3, 9, 1)),
+    ]
+    for q, k, v in cases:
+        qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+        qf, kf, vf = (t.detach().requires_grad_() for t in (q, k, v))
+        want = reference_attention(qd, kd, vd, mask=masks.causal(), scale=0.3)
+        got = native_attention(qf, kf, vf, mask=masks.causal(), scale=0.3)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+        want.sum().backward()
+        got.sum().backward()                                    # dout: ones expanded with stride 0
+        for a, b in zip((qf, kf, vf), (qd, kd, vd)):
+            torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-5, rtol=1e-5)
+
+
 def test_gqa_gradients_sum_over_each_group():
     q, k, v = leaves((1, 6, 10, 4), (1, 2, 10, 4), (1, 2, 10, 4))
     assert torch.autograd.gradcheck(lambda q, k, v: small(q, k, v, mask=masks.causal(), scale=0.5), (q, k, v))

@@ -46,6 +46,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
   const int64_t S16 = tiles16 ? pk->S16 : 0, half = bf16 && tiles16 ? (pb.BQ + 1) / 2 : 0;
 
   at::parallel_for(0, pb.B * pb.H, 1, [&](int64_t begin, int64_t end) {
+    const OneBlasThread one_blas_thread;                 // same sums at any thread count
     std::vector<acc_t> s(pb.BQ * pb.BK), dp(pb.BQ * pb.BK);     // (BQ, BK) P and dP -> dS
     std::vector<acc_t> th(pb.softcap != 0.0 ? pb.BQ * pb.BK : 0);  // (BQ, BK) tanh of the softcap
     std::vector<acc_t> pd(pb.drop.p > 0.0 ? pb.BQ * pb.BK : 0);    // (BQ, BK) P with dropout

@@ -29,11 +29,27 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
   auto t = q.scalar_type();
   TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kBFloat16,
               "native attention takes float32, float64 or bfloat16, got ", t, ": cast the inputs or use backend='tiled'");
-  for (const at::Tensor* x : {&q, &k, &v})
-    TORCH_CHECK(x->size(3) <= 1 || x->stride(3) == 1, "the last dim of q, k and v must be contiguous (stride 1), got ",
-                x->strides(), ": call .contiguous()");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "q has ", q.size(1), " heads, k has ", k.size(1),
               ": q heads must be a multiple of k heads");
+}
+
+// x (B, H, N, W) as the kernel reads it: row n of head (b, h) at x + b s0 + h s1 + n s2, W elements
+// with stride 1, and s2 handed to BLAS as a leading dimension, which its contract wants >= W (and
+// >= 1) even for one row -- MKL otherwise prints "Parameter 8 was incorrect" and leaves C as it
+// was. So: the same view where those hold, with canonical strides on size-1 dims (whose strides
+// are never stepped but may be anything: a (1, 31) transpose is "contiguous" with s2 = 1 < W);
+// one contiguous copy, made here once per call, where they do not (a sequence expanded with
+// stride 0, overlapping rows, a last dim with stride != 1). Leading strides may be anything,
+// 0 (expanded batch or heads) included: they only offset a matrix.
+at::Tensor readable(const at::Tensor& x) {
+  const int64_t N = x.size(2), W = x.size(3), row = std::max<int64_t>(W, 1);
+  const bool last_ok = W <= 1 || x.stride(3) == 1;
+  const bool rows_ok = N <= 1 || x.stride(2) >= row;
+  at::Tensor y = last_ok && rows_ok ? x : x.contiguous();
+  std::vector<int64_t> st = y.strides().vec();
+  if (W <= 1) st[3] = 1;
+  if (N <= 1) st[2] = row;
+  return st == y.strides().vec() ? y : y.as_strided(y.sizes(), st);
 }
 
 // Problem from the Python-side arguments (the tensors must outlive the call: they are borrowed).
@@ -90,11 +106,12 @@ Problem<acc_t> make_problem(const at::Tensor& q, const at::Tensor& k, const at::
   return pb;
 }
 
-std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const c10::optional<at::Tensor>& spans, const c10::optional<at::Tensor>& bits,
                                 int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
                                 double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
-  check_inputs(q, k, v);
+  check_inputs(q_in, k_in, v_in);
+  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
   auto out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(acc_type(q.scalar_type())));
   switch (q.scalar_type()) {
@@ -116,15 +133,19 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
 // Returns dq (B, H, L, D), dk (B, H, S, D), dv (B, H, S, Dv) in the accumulation type (dk/dv per
 // query head: the caller sums GQA groups) and the bias gradient (dense (B, H, L, S) or table
 // (B, H, Lt, W)) when want_dbias.
-std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+std::vector<at::Tensor> backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                 const at::Tensor& dout_in,
                                  const at::Tensor& lse, const at::Tensor& delta,
                                  const c10::optional<at::Tensor>& spans, const c10::optional<at::Tensor>& bits,
                                  int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
                                  double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK,
                                  bool want_dbias) {
-  check_inputs(q, k, v);
-  TORCH_CHECK(dout.sizes() == at::IntArrayRef({q.size(0), q.size(1), q.size(2), v.size(3)}) &&
-              dout.scalar_type() == q.scalar_type() && dout.stride(3) == 1, "dout must match out's shape and dtype");
+  check_inputs(q_in, k_in, v_in);
+  const std::vector<int64_t> out_shape{q_in.size(0), q_in.size(1), q_in.size(2), v_in.size(3)};
+  TORCH_CHECK(dout_in.sizes() == at::IntArrayRef(out_shape) && dout_in.scalar_type() == q_in.scalar_type(),
+              "dout must have out's shape ", at::IntArrayRef(out_shape), " and dtype ", q_in.scalar_type(), ", got ",
+              dout_in.sizes(), " ", dout_in.scalar_type());
+  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in), dout = readable(dout_in);
   const auto acc = q.options().dtype(acc_type(q.scalar_type()));
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == acc.dtype().toScalarType(),
               "lse and delta must be contiguous accumulation-type tensors");

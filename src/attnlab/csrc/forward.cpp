@@ -81,6 +81,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
   const bool tiles16 = pk != nullptr;
 
   at::parallel_for(0, pb.B * pb.H * nq, 1, [&](int64_t begin, int64_t end) {
+    const OneBlasThread one_blas_thread;                 // same sums at any thread count
     // Per-thread scratch, allocated once per call.
     std::vector<acc_t> s(pb.BQ * pb.BK);                 // (BQ, BK) logits, then probabilities
     std::vector<scalar_t> p_in(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * pb.BK);   // P rounded for the GEMM

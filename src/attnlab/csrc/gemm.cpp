@@ -6,7 +6,7 @@
 // cblas_gemm_bf16bf16f32: checked with `nm -D libtorch_cpu.so` for torch 2.13); other builds may
 // not, so each symbol is looked up once and a plain loop stands in where it is missing (correct,
 // slower; blas_name() reports which ran, and `attnlab.functional.backends.native.info()` shows it).
-// Called from inside at::parallel_for, MKL runs single-threaded (it does not nest parallel regions).
+// Every GEMM runs on one MKL thread (OneBlasThread): the kernel's own parallel region is the parallelism.
 #include "microkernel.h"
 #include "native.h"
 
@@ -22,13 +22,18 @@ using dgemm_t = void (*)(const char*, const char*, const int*, const int*, const
 // MKL: cblas_gemm_bf16bf16f32(layout, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
 using bgemm_t = void (*)(int, int, int, int, int, int, float, const uint16_t*, int, const uint16_t*, int, float,
                          float*, int);
+// MKL_Set_Num_Threads_Local, what mkl_service.h names mkl_set_num_threads_local for C (the lower-case
+// symbol is the Fortran entry, which takes a pointer): returns the previous setting
+using set_threads_t = int (*)(int);
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 struct Blas {
   sgemm_t s = nullptr;
   dgemm_t d = nullptr;
   bgemm_t b = nullptr;
+  set_threads_t set_threads = nullptr;
   Blas() {
+    set_threads = reinterpret_cast<set_threads_t>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
     s = reinterpret_cast<sgemm_t>(dlsym(RTLD_DEFAULT, "sgemm_"));
     d = reinterpret_cast<dgemm_t>(dlsym(RTLD_DEFAULT, "dgemm_"));
     b = reinterpret_cast<bgemm_t>(dlsym(RTLD_DEFAULT, "cblas_gemm_bf16bf16f32"));
@@ -59,6 +64,14 @@ void loop_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, C alpha, const
 }
 
 }  // namespace
+
+OneBlasThread::OneBlasThread() {
+  if (auto f = blas().set_threads) previous_ = f(1);
+}
+
+OneBlasThread::~OneBlasThread() {
+  if (auto f = blas().set_threads) f(previous_);    // 0: back to MKL's global setting
+}
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep the flags.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

@@ -56,6 +56,23 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
           int64_t lda, const at::BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 std::string blas_name();
 
+// While alive, this thread's MKL calls run on one MKL thread. Each thread of the kernel's parallel
+// region calls GEMMs on its own tiles; left to itself, MKL threads a call made outside a parallel
+// region (a problem with one work unit) but not one made inside it, and its threaded and
+// single-threaded paths sum in different orders: the fp32 results then moved with the thread
+// count (8e-7 in outputs at D = 65, 1.4e-6 in gradients). Pinned, they are the same bits at any
+// thread count (tests/test_native.py). A no-op where MKL's mkl_set_num_threads_local is absent (gemm.cpp).
+class OneBlasThread {
+ public:
+  OneBlasThread();
+  ~OneBlasThread();
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 template <typename T> struct Acc { using type = T; };
 template <> struct Acc<at::BFloat16> { using type = float; };
 
