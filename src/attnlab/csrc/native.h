@@ -1,9 +1,10 @@
 // The compiled CPU attention kernel: what the forward and backward passes share.
 //
 // Layout (the package's one convention): q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv),
-// out (B, H, L, Dv); query head h reads kv head h / (H / Hkv). Inputs may have any strides as long
-// as the last dim is contiguous (the GEMMs take a leading dimension), so (B, L, H, D) views run
-// without a copy.
+// out (B, H, L, Dv); query head h reads kv head h / (H / Hkv). Inputs may have any strides: where
+// the last dim is contiguous and the sequence stride is at least the row width (the GEMMs take it
+// as a leading dimension), as in (B, L, H, D) views, they are read without a copy; anything else is
+// copied once per call at the boundary (bindings.cpp, readable).
 //
 // The mask reaches the kernel in two forms that can be combined (AND):
 //   spans  (Bm, L, K, 2) int64: per query row, K half-open key intervals [lo, hi) it may attend
