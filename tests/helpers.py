@@ -96,25 +96,32 @@ def make_mask(kind: str, B: int, H: int, L: int, S: int, seed: int = 0):
     raise ValueError(kind)
 
 
-def errors(fn, q, k, v, bias, mask, scale=None, seed=0, **kw):
+def errors(fn, q, k, v, bias, mask, scale=None, seed=0, dout=None, grad=True, **kw):
     """Max abs errors of ``fn`` and of the same-dtype reference, both against the fp64 reference.
 
-    ``kw`` (softcap, dropout_p, dropout_seed...) goes to all three. Returns {name: (candidate_err,
-    reference_err)} for out, dq, dk, dv (and dbias).
+    ``fn`` gets q, k, v, bias (and ``dout``, the incoming gradient; random by default) in the layout
+    given; the two references get row-major copies of the same values, so a layout the reference
+    mishandled could not hide in its own yardstick (tests/test_layouts.py). ``grad=False``: outputs
+    only, no tensor requires grad. ``kw`` (softcap, dropout_p, dropout_seed...) goes to all three.
+    Returns {name: (candidate_err, reference_err)} for out, dq, dk, dv (and dbias).
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    g = torch.Generator().manual_seed(seed + 7)
-    dout = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=g)
+    if dout is None:
+        g = torch.Generator().manual_seed(seed + 7)
+        dout = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=g)
 
-    def run(f, dtype):
-        leaves = [t.detach().to(dtype).requires_grad_() if t is not None else None for t in (q, k, v, bias)]
+    def run(f, dtype, as_given=False):
+        # a fresh row-major copy: .to() keeps a same-dtype view, and .contiguous() a size-1 dim's odd stride
+        lay = (lambda t: t) if as_given else (lambda t: t.clone(memory_format=torch.contiguous_format))
+        leaves = [lay(t.detach().to(dtype)).requires_grad_(grad) if t is not None else None for t in (q, k, v, bias)]
         out = f(*leaves[:3], mask=mask, bias=leaves[3], scale=scale, **kw)
-        out.backward(dout.to(out.dtype))
+        if grad:
+            out.backward(lay(dout.to(out.dtype)))
         return [out.detach()] + [t.grad if t is not None else None for t in leaves]
 
     gold = run(reference_attention, torch.float64)
     ref = run(reference_attention, q.dtype)
-    cand = run(fn, q.dtype)
+    cand = run(fn, q.dtype, as_given=True)
     names = ["out", "dq", "dk", "dv", "dbias"]
     result = {}
     for name, g64, r, c in zip(names, gold, ref, cand):

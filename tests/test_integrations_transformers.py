@@ -206,7 +206,7 @@ def _exact_backends():
 @pytest.mark.parametrize("kind", ["left", "packed"])
 def test_every_exact_backend(backend, kind):
     """register(backend=...) pins the backend every attention runs on; each exact one matches eager."""
-    name = hf.register(f"attnlab_{backend}", backend=backend)
+    name = hf.register(hf.implementation_name(backend), backend=backend)
     torch.manual_seed(0)
     eager = transformers.MistralForCausalLM._from_config(_mistral(), attn_implementation="eager").eval()
     ours = transformers.MistralForCausalLM._from_config(_mistral(), attn_implementation=name).eval()

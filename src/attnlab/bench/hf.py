@@ -70,7 +70,7 @@ def _models(cfg: HFBenchConfig, n: int) -> dict[str, torch.nn.Module]:
         import transformers
     except ImportError as e:
         raise ValueError("bench --hf needs transformers: pip install 'attnlab[test]'") from e
-    from ..integrations.transformers import register
+    from ..integrations.transformers import implementation_name, register
     conf = dict(vocab_size=1024, hidden_size=cfg.hidden, intermediate_size=2 * cfg.hidden,
                 num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
                 max_position_embeddings=max(n, 128))
@@ -79,7 +79,7 @@ def _models(cfg: HFBenchConfig, n: int) -> dict[str, torch.nn.Module]:
                                                       attn_implementation="sdpa").eval()
     models = {SDPA: base}
     for b in cfg.backends:
-        name = register("attnlab" if b == "auto" else f"attnlab_{b}", backend=b)
+        name = register(implementation_name(b), backend=b)
         m = transformers.LlamaForCausalLM._from_config(transformers.LlamaConfig(**conf),
                                                        attn_implementation=name).eval()
         m.load_state_dict(base.state_dict())

@@ -112,7 +112,12 @@ def relative_table(bias: StructuredBias, L: int, S: int) -> Tensor:
     Entry d + S - 1 holds the bias at offset d (so query row i and key j read entry j - i + L - 1).
     The offsets <= 0 are read from the last query's row, the others from the last key's column:
     only positions the mask math already uses. Differentiable in the bias's parameters.
+    With L = 0 or S = 0 no pair reads it: zeros of width max(L + S - 1, 0), still tied to the parameters.
     """
+    if L == 0 or S == 0:
+        # the slices below would ask for rows 0 .. L - 2 or key S - 1, and torch.arange(0, -1) raises
+        none = bias.tile_values(0, 0, 0, 0, L, S).sum((-2, -1))          # (B|1, H|1) zeros
+        return none[..., None] + none.new_zeros(max(L + S - 1, 0))      # a fresh, contiguous (.., W) table
     last_row = bias.tile_values(L - 1, L, 0, S, L, S)        # (B|1, H|1, 1, S): d = -(S-1) .. 0
     last_col = bias.tile_values(0, L - 1, S - 1, S, L, S)    # (B|1, H|1, L-1, 1): d = L-1 .. 1
     Bb = max(last_row.shape[0], last_col.shape[0])

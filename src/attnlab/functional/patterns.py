@@ -246,6 +246,8 @@ class BlockLayoutMask(Mask):
 
     def tile(self, r0, r1, c0, c1, L, S):
         lay = self.layout(L, S)                                   # (Hm, nI, nJ)
+        if 0 in lay.shape[1:]:                                    # L = 0 or S = 0: no block, nothing allowed
+            return torch.zeros(1, lay.shape[0], r1 - r0, c1 - c0, dtype=torch.bool)
         b, off = self.block_size, self.row_offset(L, S)
         rows = torch.arange(r0, r1) + off
         cols = torch.arange(c0, c1)
@@ -285,6 +287,9 @@ class BigBirdMask(BlockLayoutMask):
         if nb not in self._cache:
             g = torch.Generator().manual_seed(self.seed)
             lay = torch.zeros(nb, nb, dtype=torch.bool)
+            if nb == 0:                                           # S = 0: no block to mark (issue #26)
+                self._cache[nb] = lay
+                return lay[None]
             lay[[0, -1]] = True                                   # global query blocks see everything
             lay[:, [0, -1]] = True                                # and every query block sees them
             for I in range(1, nb - 1):

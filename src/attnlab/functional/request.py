@@ -85,6 +85,10 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
     if k.shape[3] != D:
         raise ValueError(f"q head dim is {D} but k head dim is {k.shape[3]}: q and k must share D "
                          f"(v may differ)")
+    if D == 0 or v.shape[3] == 0:
+        # zero-width heads have no scores to speak of, and the tiled kernels cannot reshape them (issue #26)
+        raise ValueError(f"q has head dim D={D} and v has Dv={v.shape[3]}; attention needs D >= 1 and Dv >= 1 "
+                         f"(split the model width into heads of at least one channel)")
     if v.shape[2] != k.shape[2]:
         raise ValueError(f"k has length S={k.shape[2]} but v has {v.shape[2]}: one value per key")
     if not (q.dtype == k.dtype == v.dtype):
@@ -152,7 +156,7 @@ def make_request(q, k, v, *, mask=None, causal=False, bias=None, scale=None, dro
         mask = mask.to(q.device)
     bias = _check_bias(bias, q, B, H, L, S)
     if scale is None:
-        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
+        scale = 1.0 / math.sqrt(D)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite number or None (= 1/sqrt(D)), got {scale!r}")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):

@@ -39,7 +39,7 @@ from torch import Tensor
 from ..functional import attention, available_backends, masks
 from .hf_masks import HFMask, convert
 
-__all__ = ["register", "attention_forward", "mask_function", "HFMask"]
+__all__ = ["register", "implementation_name", "attention_forward", "mask_function", "HFMask"]
 
 # Soft-capping arrived in attention() with issue #17; older versions refuse it by name.
 _TAKES_SOFTCAP = "softcap" in inspect.signature(attention).parameters
@@ -156,6 +156,33 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
     return convert(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs)
 
 
+# Names transformers reads as its own, whatever is registered under them (transformers 5.24):
+# modeling_utils.get_correct_attn_implementation runs its SDPA / flex checks on any name *containing*
+# "sdpa" / "flex_attention" (Gemma2 then refuses to load "attnlab_sdpa", issue #26);
+# utils.generic.is_flash_attention_requested treats any name containing "flash" as flash attention;
+# "paged|x" is a prefix it strips, "org/repo" a Hub kernel (integrations.hub_kernels.is_kernel).
+_MISREAD = [
+    ("sdpa", "transformers treats every name containing 'sdpa' as its own SDPA"),
+    ("flash", "transformers treats every name containing 'flash' as a flash-attention kernel"),
+    ("flex_attention", "transformers treats every name containing 'flex_attention' as its FlexAttention"),
+    ("|", "transformers reads 'prefix|name' as a prefixed implementation ('paged|...')"),
+    ("/", "transformers reads 'org/repo' as a kernel to download from the Hub"),
+]
+
+
+def _misread(name: str) -> Optional[str]:
+    """Why transformers would take ``name`` for one of its own implementations, or None."""
+    if name == "eager":
+        return "'eager' is transformers' own implementation"
+    return next((why for part, why in _MISREAD if part in name), None)
+
+
+def implementation_name(backend: str = "auto") -> str:
+    """The name ``register(name, backend)`` is given for one backend: 'attnlab' for auto, else
+    'attnlab_<backend>', with 'sdpa' spelled 'torchsdp' (transformers claims every name holding 'sdpa')."""
+    return "attnlab" if backend == "auto" else f"attnlab_{backend.replace('sdpa', 'torchsdp')}"
+
+
 def register(name: str = "attnlab", backend: str = "auto") -> str:
     """Register attnlab under ``attn_implementation=name`` (attention and mask functions); idempotent.
 
@@ -171,10 +198,12 @@ def register(name: str = "attnlab", backend: str = "auto") -> str:
     """
     if backend != "auto" and backend not in available_backends():
         raise ValueError(f"unknown attnlab backend {backend!r}; choose 'auto' or one of {available_backends()}")
-    if not isinstance(name, str) or not name or name in ("eager", "sdpa") or name.startswith("flash") \
-            or name.startswith("paged") or name == "flex_attention":
-        raise ValueError(f"name={name!r}: pick a new implementation name (e.g. 'attnlab'), not one of "
-                         f"transformers' own")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={name!r}: pick a new implementation name (a non-empty str, e.g. 'attnlab')")
+    why = _misread(name)
+    if why is not None:
+        raise ValueError(f"name={name!r}: pick a new implementation name, e.g. {implementation_name(backend)!r} "
+                         f"(implementation_name(backend) gives one per backend); {why}")
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface

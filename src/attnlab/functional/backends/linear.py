@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import CausalMask, Mask, PaddingMask, parts
+from ..memory import check_weights_fit
 from ..registry import register_backend
 from ..request import AttentionRequest, make_request
 from .linear_core import (DEFAULT_CHUNK, causal_linear_attention, full_kernel_product, key_features, normalize,
@@ -112,7 +113,9 @@ def linear_unsupported(mask: Optional[Mask], bias, dropout_p: float, scale: floa
         return f"scale={scale} < 0: the features see sqrt(scale) * q and sqrt(scale) * k, so scale must be >= 0"
     for part in parts(mask):
         if not isinstance(part, (CausalMask, PaddingMask)):
-            return (f"mask {part!r} is not supported: {name} attention handles causal=True and key padding "
+            # compile(dynamic=True) makes a mask's ints symbolic, and dynamo cannot format those (issue #26)
+            shown = type(part).__name__ if torch.compiler.is_compiling() else repr(part)
+            return (f"mask {shown} is not supported: {name} attention handles causal=True and key padding "
                     f"(masks.padding) only, because its prefix sums give every query the same key set "
                     f"up to its position; use backend='sparse' or 'tiled' for window, document or dense masks")
     return None
@@ -151,6 +154,8 @@ def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, fmap: FeatureMap, *, c
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
     cdt = accum_dtype(q.dtype)
+    if return_weights:                  # this model's dense weights, 2 copies, checked before the forward
+        check_weights_fit(f"linear attention ({type(fmap).__name__})", B, H, L, S, cdt, q.device, copies=2)
     if S == 0 or L == 0:
         out = q.new_zeros(B, H, L, Dv)
         return (out, q.new_zeros(B, H, L, S, dtype=cdt)) if return_weights else out

@@ -23,6 +23,7 @@ from torch import Tensor
 from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..masks import Mask, intersect_spans, parts
+from ..memory import check_fits_in_memory, check_weights_fit
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
 from .reference import accum_dtype, dense_bias, safe_softmax
@@ -110,6 +111,11 @@ def mask_args(mask: Optional[Mask], L: int, S: int) -> tuple[Optional[Tensor], O
             spans = s if spans is None else intersect_spans(spans, s)
     bits = None
     if rest:
+        names = " & ".join(type(p).__name__ for p in rest)
+        check_fits_in_memory(f"the native backend bit-packs {names} from its dense (L, S) = ({L}, {S}) form",
+                             10 * L * S, torch.device("cpu"),                     # bool, padded, int64 per pair
+                             "a mask with an interval form (causal, window, padding, documents) is read per row; "
+                             "for a block layout use backend='sparse', which plans whole blocks")
         allowed = rest[0].dense(L, S)
         for part in rest[1:]:
             allowed = allowed & part.dense(L, S)
@@ -156,10 +162,6 @@ def _no_grad(t: Optional[Tensor]) -> Optional[Tensor]:
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return t if t is None else t.contiguous()
-
-
-def _last_contiguous(t: Tensor) -> Tensor:
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 @torch.library.custom_op("attnlab::native_fwd", mutates_args=())
@@ -281,7 +283,7 @@ class _NativeAttention(torch.autograd.Function):
         delta = (dout.to(acc) * out.to(acc)).sum(-1)                   # (B, H, L) rowsum(dO o O)
         want_dbias = bias is not None and ctx.needs_input_grad[3]
         q, k, v, bias, dout, delta = (_no_grad(t) for t in (q, k, v, bias, dout, delta))
-        dq, dk, dv, dbias = _bwd(q, k, v, _last_contiguous(dout), lse, delta, spans, bits, bias_kind, bias, tW, tc0,
+        dq, dk, dv, dbias = _bwd(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0,
                                  scale, softcap, dropout_p, seed, bq, bk, want_dbias)
         B, Hkv, S = k.shape[:3]
         H = q.shape[1]
@@ -308,8 +310,8 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
             int(tile_q or dq), int(tile_k or dk))
-    return _NativeAttention.apply(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), bias_t, spans, bits,
-                                  args)
+    # q, k, v with any strides: the kernel copies only what it cannot read (csrc/bindings.cpp, readable)
+    return _NativeAttention.apply(q, k, v, bias_t, spans, bits, args)
 
 
 def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, *,
@@ -323,9 +325,9 @@ def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Te
     L, S = q.shape[2], k.shape[2]
     spans, bits = mask_args(mask, L, S)
     bq, bk = default_tiles(q.dtype, spans)
-    dq, dk, dv, _ = _bwd(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v), _last_contiguous(dout),
-                         lse.to(accum_dtype(q.dtype)), delta.to(accum_dtype(q.dtype)), spans, bits, 0, None, 0, 0,
-                         float(scale), 0.0, 0.0, 0, bq, bk, False)
+    acc = accum_dtype(q.dtype)
+    dq, dk, dv, _ = _bwd(q, k, v, dout, lse.to(acc), delta.to(acc), spans, bits, 0, None, 0, 0, float(scale), 0.0,
+                         0.0, 0, bq, bk, False)
     B, Hkv = k.shape[:2]
     H = q.shape[1]
     return dq, dk.reshape(B, Hkv, H // Hkv, S, -1).sum(2), dv.reshape(B, Hkv, H // Hkv, S, -1).sum(2)
@@ -367,6 +369,9 @@ def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
         q, k, v = (torch.randn(1, 8, 8192, 64) for _ in range(3))
         out = native_attention(q, k, v, mask=masks.window(256, 0), scale=0.125)
     """
+    if return_weights:         # _weights' 3 copies of (B, H, L, S), checked before the forward (issue #26)
+        check_weights_fit("the native backend", q.shape[0], q.shape[1], q.shape[2], k.shape[2],
+                          accum_dtype(q.dtype), q.device, copies=3)
     out, lse = native_forward(q, k, v, mask=mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
                               dropout_seed=dropout_seed, tile_q=tile_q, tile_k=tile_k)
     if not return_weights:

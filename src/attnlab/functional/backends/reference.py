@@ -7,7 +7,6 @@ oracle every other backend is tested against.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -15,6 +14,7 @@ from torch import Tensor
 
 from ..dropout import keep_mask
 from ..masks import Mask
+from ..memory import check_fits_in_memory, nbytes
 from ..registry import register_backend
 from ..request import Bias
 
@@ -49,29 +49,14 @@ def softcap_scores(s: Tensor, softcap: Optional[float]) -> Tensor:
     return s if softcap is None else torch.tanh(s / softcap) * softcap
 
 
-def _device_memory(device: torch.device) -> Optional[int]:
-    """Bytes of memory on device (physical RAM for the CPU), or None when unknown."""
-    try:
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[1]
-        if device.type == "cpu":
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError, RuntimeError):
-        pass
-    return None
-
-
 def check_scores_fit(B: int, H: int, L: int, S: int, dtype: torch.dtype, device: torch.device) -> None:
     """MemoryError, before allocating, when the (B, H, L, S) scores (~3 copies: scores, logits, weights)
-    exceed the device's whole memory: e.g. n = 2**20 would ask for terabytes."""
-    if torch.compiler.is_compiling():           # os.sysconf / mem_get_info would break a fullgraph compile
+    exceed the memory the device has available: e.g. n = 2**20 would ask for terabytes."""
+    if torch.compiler.is_compiling():           # nothing to check in a graph; dynamo cannot format SymInts
         return
-    need = 3 * B * H * L * S * torch.empty((), dtype=accum_dtype(dtype)).element_size()
-    have = _device_memory(device)
-    if have is not None and need > have:
-        raise MemoryError(f"the reference backend materializes the (B, H, L, S) = ({B}, {H}, {L}, {S}) scores: "
-                          f"~{need / 2**30:,.0f} GiB, more than this {device.type} device's {have / 2**30:,.0f} GiB; "
-                          f"use backend='tiled' or 'native' (O(L + S) memory), or 'auto'")
+    check_fits_in_memory(f"the reference backend materializes the (B, H, L, S) = ({B}, {H}, {L}, {S}) scores",
+                         3 * nbytes((B, H, L, S), accum_dtype(dtype)), device,
+                         "use backend='tiled' or 'native' (O(L + S) memory), or 'auto'")
 
 
 def attention_probs(q: Tensor, k: Tensor, *, mask: Optional[Mask], bias: Optional[Bias], scale: float,

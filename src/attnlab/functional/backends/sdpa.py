@@ -22,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..bias import StructuredBias
 from ..masks import CausalMask, Mask
+from ..memory import check_fits_in_memory, check_weights_fit, nbytes
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
-from .reference import attention_probs, dense_bias, reference_attention
+from .reference import accum_dtype, attention_probs, dense_bias, reference_attention
 
 
 # NaN in -> NaN out as on every exact backend (tests/test_nan_agreement.py). Below this many keys torch's CPU
@@ -56,7 +58,58 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
     if isinstance(b, Tensor) and b.dtype != req.q.dtype:
         return (f"SDPA needs the additive mask in q's dtype ({req.q.dtype}); casting the {b.dtype} bias "
                 f"would change its values")
+    if isinstance(b, StructuredBias) and req.q.dtype in (torch.bfloat16, torch.float16):
+        # The same rule for a structured bias (issue #26): its values (ALiBi's -m |i - j|, a T5 table) are
+        # computed in its parameters' dtype; rounded to bf16 they cost 0.28 of error at L = 512 (slopes 0.3)
+        # where every other backend adds them in fp32 (0.013). A bias already in q's dtype loses nothing.
+        have = _bias_dtype(b, req)
+        if have != req.q.dtype:
+            return (f"SDPA needs the additive mask in q's dtype ({req.q.dtype}); rounding the {have} values of "
+                    f"{b!r} would change them; use tiled, native or reference, which add it in float32")
     return None
+
+
+def _bias_dtype(b: StructuredBias, req: AttentionRequest) -> torch.dtype:
+    """The dtype of a structured bias's values, from a one-pair tile (what ``StructuredBias.check`` reads)."""
+    L, S = req.shape.L, req.shape.S
+    return b.tile_values(0, min(L, 1), 0, min(S, 1), L, S).dtype
+
+
+def _check_memory(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Mask], bias: Optional[Bias], dropout_p: float,
+                  return_weights: bool, is_causal: bool) -> None:
+    """MemoryError before any work when what this backend materializes cannot fit (issue #26): the dense
+    mask and bias with SDPA's float copy, the math path's (B, H, L, S) scores, the returned weights.
+
+    Lower bounds, counting only buffers alive at once (measured at n = 16384 fp32, B = H = 1: 5 bytes
+    per pair with a window mask, 9 on the math path, 16 with a mask and an ALiBi bias).
+    """
+    if torch.compiler.is_compiling():
+        return
+    B, H, L, D = q.shape
+    S = k.shape[2]
+    if return_weights:                                               # attention_probs' 3 copies, after the forward
+        check_weights_fit("the sdpa backend", B, H, L, S, accum_dtype(q.dtype), q.device, copies=3)
+    e, parts, need, dense = q.element_size(), [], 0, (1, 1)
+    if not is_causal and (mask is not None or bias is not None):
+        if bias is not None:
+            b = bias if isinstance(bias, Tensor) else bias.tile_values(0, min(L, 1), 0, min(S, 1), L, S)
+            dense = (b.shape[0], b.shape[1])
+            if isinstance(bias, StructuredBias) and (mask is not None or b.dtype != q.dtype):
+                need += nbytes((*dense, L, S), b.dtype)              # its dense values, before cast / masking
+        if mask is not None:                                          # the dense mask (and ~mask to fill a bias)
+            need += (2 if bias is not None else 1) * nbytes((1, 1, L, S), torch.bool)
+        need += nbytes((*dense, L, S), q.dtype)                      # the additive float mask SDPA reads
+        parts.append(f"the dense ({dense[0]}, {dense[1]}, {L}, {S}) mask{' and bias' if bias is not None else ''} "
+                     f"in {q.dtype}")
+    why_math = ("dropout" if dropout_p > 0.0 else "Dv != D" if v.shape[-1] != D else
+                "an input whose last stride is not 1" if any(t.stride(-1) != 1 for t in (q, k, v)) else None)
+    if why_math is not None:
+        need += 2 * B * H * L * S * e                                # scores and weights
+        parts.append(f"the (B, H, L, S) = ({B}, {H}, {L}, {S}) scores of SDPA's math path ({why_math})")
+    if parts:
+        check_fits_in_memory("the sdpa backend materializes " + " and ".join(parts), need, q.device,
+                             "use backend='tiled' or 'native' (masks, biases, dropout and Dv != D in O(L + S) "
+                             "memory), or 'auto'")
 
 
 def sdpa_kernel_kind(req: AttentionRequest) -> str:
@@ -81,6 +134,7 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     B, H, L, _ = q.shape
     S = k.shape[2]
     is_causal = isinstance(mask, CausalMask) and L == S and bias is None
+    _check_memory(q, k, v, mask, bias, dropout_p, return_weights, is_causal)
     if S < NAN_SAFE_S or (not is_causal and (mask is not None or bias is not None) and not _finite(q, k)):
         return reference_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p,
                                    dropout_seed=dropout_seed, return_weights=return_weights)
@@ -93,8 +147,12 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
             attn_mask = b if allowed is None else b.masked_fill(~allowed, float("-inf"))
         else:
             attn_mask = allowed
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    # enable_gqa only where the heads differ, decided by an `if`: torch.compile(dynamic=True) guards on the
+    # branch, whereas `enable_gqa=H != Hkv` would pass a SymBool, which SDPA refuses (issue #26)
+    if q.shape[1] != k.shape[1]:
+        kw["enable_gqa"] = True
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
     if return_weights:
         with torch.no_grad():
             probs = attention_probs(q, k, mask=mask, bias=bias, scale=scale)

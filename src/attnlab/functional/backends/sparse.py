@@ -32,6 +32,7 @@ from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..dropout import keep_at
 from ..masks import Mask
+from ..memory import check_fits_in_memory, check_weights_fit
 from ..patterns import BlockLayoutMask
 from ..registry import register_backend
 from ..request import Bias
@@ -232,7 +233,8 @@ def _backward(pb: _Problem, out: Tensor, lse: Tensor, dout: Tensor, want_bias: b
     dq = torch.zeros(pb.qb.shape, dtype=acc, device=pb.qb.device)
     dk = torch.zeros(pb.kb.shape, dtype=acc, device=pb.kb.device)
     dv = torch.zeros(pb.vb.shape, dtype=acc, device=pb.vb.device)
-    dbias = torch.zeros_like(pb.bias_t, dtype=acc) if want_bias else None
+    # row-major whatever the bias's layout: _scatter_bias views it by rows (a transposed bias crashed, issue #26)
+    dbias = torch.zeros_like(pb.bias_t, dtype=acc, memory_format=torch.contiguous_format) if want_bias else None
     dparams = [torch.zeros_like(p) for p in pb.params]
     for bs, ch in pb.chunks():
         s, qc, kg, vg = pb.logits(bs, ch)
@@ -328,6 +330,20 @@ class _SparseAttention(torch.autograd.Function):
         return vmap_by_loop(_SparseAttention.apply, info, in_dims, args)
 
 
+def _check_memory(q: Tensor, B: int, H: int, L: int, S: int, tile_q: int, tile_k: int, return_weights: bool) -> None:
+    """MemoryError before any work (issue #26) when the schedule's (nq, nk) block tables (the tile kinds, the
+    needed-block flags and their int64 sort order: 10 bytes per block pair) or the returned weights (padded to
+    whole blocks, in the accumulation dtype) cannot fit in the memory the device has available."""
+    if torch.compiler.is_compiling():           # the static layout has no such tables; no SymInts in strings
+        return
+    nq, nk = -(-L // tile_q), -(-S // tile_k)
+    check_fits_in_memory(f"the sparse backend plans (nq, nk) = ({nq}, {nk}) blocks of {tile_q} x {tile_k} "
+                         f"in tables of 10 bytes per block pair", 10 * nq * nk, q.device,
+                         "use larger tile_q / tile_k, or backend='tiled' or 'native' (O(L + S) memory)")
+    if return_weights:
+        check_weights_fit("the sparse backend", B, H, L, S, accum_dtype(q.dtype), q.device, blocks=(tile_q, tile_k))
+
+
 @register_backend("sparse", summary="exact block-sparse kernel: gathers only the key blocks the mask needs, "
                                     "batched over query blocks; O(n * w) time and memory")
 @old_tile_names
@@ -357,6 +373,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     for name, val in (("tile_q", tile_q), ("tile_k", tile_k)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"sparse backend: {name}={val!r} must be a positive int")
+    _check_memory(q, B, H, L, S, tile_q, tile_k, return_weights)
     static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
     layout = make_layout(mask, B, H, L, S, tile_q, tile_k, CHUNK_SCORES, static=static)
     if stats is not None:

@@ -39,6 +39,7 @@ from torch import Tensor
 from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..masks import Mask
+from ..memory import check_fits_in_memory, check_weights_fit
 from ..registry import register_backend
 from ..request import Bias
 from .func_rules import (bias_param_grads, grads_in_input_dtypes, kernel_grad, none_if_empty, reduce_to,
@@ -305,6 +306,13 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     dq, dk = tile_sizes(q.dtype, mask)
     tile_q, tile_k = tile_q or dq, tile_k or dk
     static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
+    if mask is not None and not static:                 # the plan classifies every (row tile, FINE_K keys) cell
+        nq, nk = -(-L // tile_q), -(-S // min(FINE_K, tile_k))
+        check_fits_in_memory(f"the tiled backend classifies the mask's (nq, nk) = ({nq}, {nk}) tiles of "
+                             f"{tile_q} x {min(FINE_K, tile_k)} (1 byte each)", nq * nk, q.device,
+                             "use backend='native' (the mask as row intervals, O(L) memory) or a larger tile_q")
+    if return_weights:                                  # checked before the forward runs (issue #26)
+        check_weights_fit("the tiled backend", B, H, L, S, accum_dtype(q.dtype), q.device)
     plan = make_plan(mask, B, L, S, tile_q, tile_k, min(FINE_K, tile_k), static=static)
     if stats is not None:
         stats.add(plan.stats)

@@ -35,10 +35,11 @@ from torch import Tensor
 from ..bias import StructuredBias
 from ..dropout import _mix, new_seed
 from ..masks import Mask
+from ..memory import check_weights_fit
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
 from .func_rules import reduce_to as _reduce_to
-from .reference import attention_probs, reference_attention
+from .reference import accum_dtype, attention_probs, reference_attention
 from .tiled_plan import TileStats
 from . import triton_attn_plan as P
 
@@ -344,6 +345,8 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     if L == 0 or S == 0:
         return reference_attention(q, k, v, mask=mask, bias=bias, scale=scale, return_weights=return_weights)
+    if return_weights:                  # attention_probs' 3 copies of (B, H, L, S), before the forward
+        check_weights_fit("the triton backend", B, H, L, S, accum_dtype(q.dtype), q.device, copies=3)
     tiles = default_tiles(q.dtype, D, Dv)
     if block_m is not None or block_n is not None:
         for name, val in (("block_m", block_m), ("block_n", block_n)):

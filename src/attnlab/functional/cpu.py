@@ -1,0 +1,62 @@
+"""Which class of CPU this is: the speed rules of ``auto`` were measured per class, and a rule
+measured on one class can be wrong by 4x on another (issue #27).
+
+The project's machines come in two x86-64 classes, and a user's may be a third:
+
+* ``amx``: AMX tiles for bf16 (``amx_bf16``, ``amx_tile``; Intel Xeon from Sapphire Rapids on).
+  torch's CPU flash attention runs its bf16 products on them (oneDNN's brgemm), ~5x the bf16
+  GEMM peak of AVX512-BF16 on the same cores (~2,100 vs ~420 GFLOP/s on 2 cores).
+* ``avx512_bf16``: AVX-512 with BF16 dot products, no AMX (AMD Zen 4). The compiled kernel's
+  micro-kernel (``vdpbf16ps``) is the fastest bf16 path there.
+* ``avx512``, ``avx2``, ``other``: older or other CPUs; no rule was measured on them, and ``auto``
+  uses the ``avx512_bf16`` rules where the kernel runs the same code.
+
+Example::
+
+    cpu_class()        # 'amx' on an Intel Xeon with AMX
+    cpu_features()     # {'amx_bf16': True, 'avx512_bf16': True, 'avx512': True, 'avx2': True}
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["cpu_class", "cpu_features", "CPU_CLASSES"]
+
+#: every class ``cpu_class`` can answer, most capable first
+CPU_CLASSES = ("amx", "avx512_bf16", "avx512", "avx2", "other")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> dict[str, bool]:
+    """The instruction-set features the speed rules depend on, as torch's own CPU dispatch sees them
+    (``torch.cpu``'s checks, which read CPUID through cpuinfo; /proc/cpuinfo's flags where they are missing)."""
+    checks = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported",
+              "avx512": "_is_avx512_supported", "avx2": "_is_avx2_supported"}
+    found = {}
+    for name, fn in checks.items():
+        check = getattr(torch.cpu, fn, None)
+        found[name] = bool(check()) if check is not None else _flag(name)
+    return found
+
+
+def _flag(name: str) -> bool:
+    flag = {"avx512": "avx512f"}.get(name, name)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return flag in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def cpu_class() -> str:
+    """This machine's class, one of ``CPU_CLASSES``."""
+    f = cpu_features()
+    for name in CPU_CLASSES[:-1]:
+        if f[name if name != "amx" else "amx_bf16"]:
+            return name
+    return "other"
