@@ -162,7 +162,19 @@ def test_auto_prefers_sdpa_for_dense_masks_with_little_to_skip():
     assert "auto -> native" in al.explain(q, k, v, mask=block_sparse)
 
 
-def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_apply():
+@pytest.fixture
+def zen4(monkeypatch):
+    """auto's rules as measured on AMD Zen 4 (AVX512-BF16, no AMX), whatever CPU the tests run on."""
+    monkeypatch.setattr("attnlab.functional.api.cpu_class", lambda: "avx512_bf16")
+
+
+@pytest.fixture
+def amx(monkeypatch):
+    """auto's rules as measured on an Intel Xeon with AMX."""
+    monkeypatch.setattr("attnlab.functional.api.cpu_class", lambda: "amx")
+
+
+def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_apply(zen4):
     """D, Dv multiples of 16: the AVX-512 tiles win forward and backward in fp32 and bf16 (if built)."""
     from attnlab.functional.backends.native import on_tiles
     q, k, v = (torch.randn(1, 1, 1024, 64, dtype=torch.bfloat16) for _ in range(3))
@@ -179,7 +191,7 @@ def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_a
     assert "auto -> sdpa" in al.explain(*(t[..., :40].detach().float() for t in (q, k, v)))   # D = 40: MKL, SDPA
 
 
-def test_auto_sends_bf16_causal_inference_below_8192_to_the_compiled_kernel_only_off_the_tiles():
+def test_auto_sends_bf16_causal_inference_below_8192_to_the_compiled_kernel_only_off_the_tiles(zen4):
     """D = 8 is not a multiple of 16: MKL's bf16 GEMM, where only causal inference below 8192 wins."""
     q, k, v = (torch.randn(1, 1, 1024, 8, dtype=torch.bfloat16) for _ in range(3))
     assert "auto -> native" in al.explain(q, k, v, causal=True)
@@ -191,7 +203,7 @@ def test_auto_sends_bf16_causal_inference_below_8192_to_the_compiled_kernel_only
     assert "auto -> sdpa" in al.explain(big, big, big, causal=True)
 
 
-def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel():
+def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel(zen4):
     q, k, v = (torch.randn(1, 1, 1024, 8) for _ in range(3))
     assert "auto -> native" in al.explain(q, k, v, causal=True)
     assert "auto -> native" in al.explain(q.requires_grad_(), k, v, causal=True)
@@ -202,6 +214,50 @@ def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel()
     assert "auto -> sdpa" in al.explain(big, big, big)                                  # forward: SDPA
     assert "auto -> native" in al.explain(big.requires_grad_(), big, big)               # with gradients
     assert "auto -> sdpa" in al.explain(*(t.double() for t in small))                   # fp64: not measured
+
+
+def test_on_a_cpu_with_amx_auto_sends_bf16_to_sdpa_unless_the_mask_skips_most_tiles(amx):
+    """SDPA runs bf16 on AMX tiles there; the compiled kernel's AVX512-BF16 tiles measured 0.25-0.62x its speed
+    on plain requests, 0.42-0.78x with padding, 1.65-5.9x with a W = 256 window (docs/benchmarks.md)."""
+    from attnlab.functional.backends.native import on_tiles
+    if not on_tiles(64, 64):
+        pytest.skip("the compiled kernel's tiles are not built here")
+    q = torch.empty(1, 8, 4096, 64, dtype=torch.bfloat16)
+    for kw in ({}, dict(causal=True)):
+        for x in (q, q.clone().requires_grad_()):
+            why = al.explain(x, q, q, **kw)
+            assert "auto -> sdpa" in why and "Intel Xeon with AMX" in why, why
+    assert "auto -> sdpa" in al.explain(q, q, q, mask=al.masks.padding(torch.tensor([3072])))
+    for mask in (al.masks.window(256, 0), al.masks.documents(torch.arange(4096) // 512)):
+        why = al.explain(q, q, q, mask=mask)
+        assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
+    from attnlab.positional import ALiBi                     # sdpa cannot keep its fp32 values: native
+    assert "auto -> native" in al.explain(q, q, q, causal=True, bias=ALiBi(8).bias())
+
+
+def test_on_a_cpu_with_amx_auto_sends_fp32_to_the_kernel_except_plain_inference(amx):
+    from attnlab.functional.backends.native import on_tiles
+    if not on_tiles(64, 64):
+        pytest.skip("the compiled kernel's tiles are not built here")
+    q = torch.empty(1, 8, 4096, 64)
+    assert "auto -> sdpa" in al.explain(q, q, q)                                        # 0.94-0.96x: SDPA
+    for why in (al.explain(q, q, q, causal=True), al.explain(q.clone().requires_grad_(), q, q)):
+        assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
+
+
+@pytest.mark.parametrize("cls", ["amx", "avx512_bf16"])
+def test_every_ratio_auto_quotes_names_the_cpu_it_was_measured_on(monkeypatch, cls):
+    """Issue #27: explain() never quotes one CPU's ratios as this machine's."""
+    monkeypatch.setattr("attnlab.functional.api.cpu_class", lambda: cls)
+    from attnlab.positional import ALiBi
+    for dtype in (torch.float32, torch.bfloat16):
+        for D in (64, 40, 8):
+            q = torch.empty(1, 8, 4096, D, dtype=dtype)
+            for kw in ({}, dict(causal=True), dict(mask=al.masks.window(256, 0)), dict(bias=ALiBi(8).bias())):
+                for x in (q, q.clone().requires_grad_()):
+                    line = al.explain(x, q, q, **kw).split("\n")[1]                   # "auto -> name: why"
+                    if "measured" in line:
+                        assert "Intel Xeon with AMX" in line or "AMD Zen 4" in line, line
 
 
 def test_structured_bias_tile_values_and_its_old_name():

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 
 from .lm_report import _table
-from .machine import LoadMonitor, machine_info
+from .machine import LoadMonitor, cpu_label, machine_info
 from .timing import time_interleaved
 
 __all__ = ["HFBenchConfig", "HF_QUICK", "run_hf", "format_hf", "packed_batch", "SDPA"]
@@ -134,7 +134,7 @@ def format_hf(report: dict) -> str:
                  for r in case["rows"]]
         out += _table(cols, cells) + [""]
     meta = report["meta"]
-    out.append(f"forward, fp32, inference mode, no cache; {meta['torch_threads']} threads on {meta['cpu_model']}, "
+    out.append(f"forward, fp32, inference mode, no cache; {meta['torch_threads']} threads on {cpu_label(meta)}, "
                f"torch {meta['torch']}; medians of {c['repeats']} round-robin rounds")
     out.append("x sdpa = sdpa's median / this median (> 1: faster than transformers' sdpa); paired = median of "
                "per-round ratios")

@@ -6,6 +6,8 @@ Example::
 """
 from __future__ import annotations
 
+from .machine import cpu_label
+
 __all__ = ["format_lm", "training_verdict"]
 
 NANOGPT = "nanoGPT-equivalent"
@@ -89,7 +91,7 @@ def format_lm(report: dict) -> str:
     over = _overheads(report)
     if over:
         lines += [""] + over
-    lines += ["", f"{meta['torch_threads']} threads on {meta['cpu_model']}, torch {meta['torch']}"]
+    lines += ["", f"{meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}"]
     busy = (meta.get("load") or {}).get("other_cpu_fraction")
     if busy is not None and busy > 0.1:
         lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "

@@ -17,7 +17,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["machine_info", "cpu_model", "inductor_cache_warm", "LoadMonitor"]
+from ..functional.cpu import cpu_class, cpu_features
+
+__all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor"]
 
 
 def cpu_model() -> str:
@@ -30,6 +32,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cpu_label(meta: dict) -> str:
+    """The CPU as every report footer names it: model and class, e.g. 'Intel(R) Xeon(R) Processor [amx]'
+    (a figure means little without the CPU class: AMX alone makes bf16 ~5x faster in torch's SDPA)."""
+    return f"{meta['cpu_model']} [{meta.get('cpu_class', 'class not recorded')}]"
 
 
 def inductor_cache_warm() -> bool:
@@ -69,6 +77,8 @@ def machine_info(argv: Optional[list[str]] = None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "cpu_model": cpu_model(),
+        "cpu_class": cpu_class(),             # the rules of auto are measured per class (functional/cpu.py)
+        "cpu_features": cpu_features(),
         "platform": platform.platform(),
         "inductor_cache_warm_at_start": inductor_cache_warm(),
         "attnlab_source": code_version(),     # kernels change often: which code these numbers are for

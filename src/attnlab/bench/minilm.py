@@ -30,7 +30,7 @@ from ..functional import available_backends
 from ..functional.registry import get_backend
 from ..models.encoder import Encoder
 from ..models.minilm import minilm_path
-from .machine import LoadMonitor, machine_info
+from .machine import LoadMonitor, cpu_label, machine_info
 from .timing import time_interleaved
 
 __all__ = ["MiniLMBenchConfig", "MINILM_QUICK", "run_minilm", "format_minilm", "HF", "encoder_flops"]
@@ -152,7 +152,7 @@ def format_minilm(report: dict) -> str:
         out.append("")
     meta = report["meta"]
     out.append(f"all-MiniLM-L6-v2 forward, fp32, inference mode; {meta['torch_threads']} threads on "
-               f"{meta['cpu_model']}, torch {meta['torch']}; medians of {meta['config']['repeats']} round-robin rounds")
+               f"{cpu_label(meta)}, torch {meta['torch']}; medians of {meta['config']['repeats']} round-robin rounds")
     out.append("x HF = transformers' median / this median (> 1: faster than transformers); paired = median of "
                "per-round ratios; max |diff| = largest hidden-state difference to transformers")
     out += meta.get("notes", [])

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Optional
 
+from .machine import cpu_label
+
 __all__ = ["format_table", "write_json", "fmt_bytes", "human_bytes"]
 
 COLUMNS = ["case (mask n dtype mode)", "contestant", "median ms", "GFLOP/s", "% peak", "x SDPA",
@@ -67,7 +69,7 @@ def _footer(report: dict) -> list[str]:
     used = {r["case"]["mask"] for r in report["results"]}
     c = meta.get("config", {})
     lines = [f"shape: B={c.get('batch')} H={c.get('heads')} D={c.get('head_dim')}, self-attention L = S = n; "
-             f"{meta['torch_threads']} threads on {meta['cpu_model']}, torch {meta['torch']}",
+             f"{meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}",
              "GEMM peak (measured: fastest of 10 2048^3 matmuls, at start and end): "
              + ", ".join(f"{dt} {g:.0f} GFLOP/s" for dt, g in meta["gemm_peak_gflops"].items()),
              f"GFLOP/s: {meta['flops']}",

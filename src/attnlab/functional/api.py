@@ -14,6 +14,7 @@ from .backends.reference import reference_attention
 from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
 from .bias import StructuredBias
+from .cpu import cpu_class
 from .dropout import new_seed
 from .masks import EMPTY, CausalMask, DenseMask
 from .patterns import BlockLayoutMask
@@ -43,12 +44,35 @@ SMALL_PROBLEM = 512 * 512
 NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+# Every ratio above was measured on one CPU class, and a rule measured on one class can be wrong by 4x on
+# another (issue #27): each figure auto quotes names the CPU it was measured on.
+ZEN4 = "AMD Zen 4, AVX512-BF16 without AMX, 2 threads"
+XEON_AMX = "Intel Xeon with AMX, 2 threads"
 TILES_MEASURED = {
     torch.float32: ("1.11-1.20x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.29-1.36x and "
-                    "1.28-1.68x its forward+backward, at n = 1024-16384"),
+                    f"1.28-1.68x its forward+backward, at n = 1024-16384 ({ZEN4})"),
     torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.67-1.89x and "
-                     "1.78-1.96x its forward+backward, at n = 1024-16384"),
+                     f"1.78-1.96x its forward+backward, at n = 1024-16384 ({ZEN4})"),
 }
+# On a CPU with AMX (functional/cpu.py), torch's SDPA runs bf16 products on AMX tiles through oneDNN and
+# the compiled kernel's AVX512-BF16 tiles do not (docs/benchmarks.md, "Intel Xeon with AMX", B=1 H=8 D=64):
+# * bf16 without a mask or causal: the compiled kernel measured 0.25-0.36x SDPA's forward and 0.51-0.62x its
+#   forward+backward at n = 1024, 4096: SDPA;
+# * bf16 with a mask: 0.42-0.58x (forward) and 0.65-0.78x (forward+backward) the sdpa backend's speed with
+#   padding (a quarter of the tiles empty), but 1.65-5.9x with a W = 256 window and 2.4-3.6x with 8 documents: the
+#   compiled kernel where at least AMX_BF16_MIN_SKIPPABLE of the tiles are empty, else SDPA;
+# * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
+#   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
+AMX_MEASURED = {
+    "bf16": ("on this CPU with AMX torch's SDPA runs bf16 on AMX tiles, and the compiled kernel's AVX512-BF16 tiles "
+             f"measured 0.25-0.36x its forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
+    "fp32 forward": ("fp32 forward without a mask on this CPU with AMX: the compiled kernel's tiles measured "
+                     f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
+    "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
+             f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
+             f"n = 1024, 4096 ({XEON_AMX})"),
+}
+AMX_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
@@ -85,11 +109,13 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
             return "triton", why
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
+    amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
     if sdpa_ok and plain:
         why = _plain_native(req) if "native" in runnable else None
         if why is not None:
             return "native", why
-        return "sdpa", "no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact path"
+        return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
+                        "path" + (f"; {AMX_MEASURED['bf16']}" if amx_bf16 else ""))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
@@ -103,6 +129,12 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return "sparse", (f"a block layout ({req.mask!r}) at L*S = {L * S} >= {SPARSE_FROM}: its scattered "
                           f"blocks are faster gathered into one batched matmul than walked tile by tile "
                           f"(measured 1.2-1.7x tiled at n=8192)")
+    if sdpa_ok and amx_bf16 and "native" in runnable and not isinstance(req.bias, StructuredBias):
+        skip = _skippable(req)
+        if skip < AMX_BF16_MIN_SKIPPABLE:
+            return "sdpa", (f"bf16 with a mask that leaves {skip:.0%} of the tiles empty (the compiled kernel wins "
+                            f"from {AMX_BF16_MIN_SKIPPABLE:.0%}): {AMX_MEASURED['bf16']}; with padding it measured "
+                            f"0.42-0.78x the sdpa backend's speed, with a W = 256 window 1.65-5.9x")
     exact_kernel = "native" if "native" in runnable else "tiled"    # the compiled one where it is built
     if exact_kernel in runnable and plain:             # no mask or bias, yet not SDPA's flash kernel
         why = ("dropout" if req.dropout_p > 0.0 else "Dv != D" if req.v.shape[-1] != req.q.shape[-1] else
@@ -110,10 +142,13 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
                               f"the {exact_kernel} kernel keeps O(L + S) memory")
     if "native" in runnable:
+        measured = (f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
+                    f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_bf16 else
+                    f"measured 1.5-1.8x FlexAttention on windows, documents and ALiBi at n = 8192 ({ZEN4})")
         return "native", ("a mask or bias is involved: SDPA would compute every pair and need the dense (L, S) "
                           "mask in memory; the compiled kernel visits only the keys each row may attend, reads "
-                          "structured biases from O(n) tables and keeps O(L + S) memory (measured 1.5-1.8x "
-                          "FlexAttention on windows, documents and ALiBi at n = 8192: docs/benchmarks.md)")
+                          f"structured biases from O(n) tables and keeps O(L + S) memory ({measured}: "
+                          "docs/benchmarks.md)")
     if "tiled" in runnable:
         return "tiled", ("a mask or bias is involved: SDPA would compute every pair and need the dense "
                          "(L, S) mask in memory; the tiled kernel skips empty tiles, computes structured "
@@ -128,18 +163,36 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
 def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
+    if cpu_class() == "amx":
+        return _plain_native_amx(req)
     if dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv):
         return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
                 f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
-                "forward+backward at n = 1024-8192 (docs/benchmarks.md, auto grid)")
+                f"forward+backward at n = 1024-8192 ({ZEN4}; docs/benchmarks.md, auto grid)")
     if dtype == torch.float32 and req.needs_grad and LS >= NATIVE_TRAIN_FROM:
         return ("fp32 with gradients from n = 4096: the compiled kernel's forward+backward measured 1.07x "
-                "SDPA's (docs/benchmarks.md, auto grid)")
+                f"SDPA's ({ZEN4}; docs/benchmarks.md, auto grid)")
     if dtype == torch.bfloat16 and causal and not req.needs_grad and SMALL_PROBLEM < LS < BF16_CAUSAL_NATIVE_BELOW:
         return ("bf16 causal forward below n = 8192 (head dims off the AVX-512 tiles): the compiled kernel "
-                "measured 1.05-1.18x SDPA's (docs/benchmarks.md, auto grid)")
+                f"measured 1.05-1.18x SDPA's ({ZEN4}; docs/benchmarks.md, auto grid)")
+    return None
+
+
+def _plain_native_amx(req: AttentionRequest) -> Optional[str]:
+    """``_plain_native`` on a CPU with AMX, where SDPA runs bf16 on AMX tiles (AMX_MEASURED): bf16 always goes
+    to SDPA; fp32 to the compiled kernel on its tiles except a forward without a mask, and off its tiles by the
+    rules measured on Zen 4 (MKL's fp32 GEMMs; not yet measured on this class)."""
+    dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
+    if dtype != torch.float32 or LS <= SMALL_PROBLEM:
+        return None
+    if on_tiles(req.shape.D, req.shape.Dv):
+        return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
+    if causal:
+        return f"fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward at n = 1024-8192 ({ZEN4})"
+    if req.needs_grad and LS >= NATIVE_TRAIN_FROM:
+        return f"fp32 with gradients from n = 4096: the compiled kernel measured 1.07x SDPA's ({ZEN4})"
     return None
 
 
