@@ -1,4 +1,5 @@
-"""Builds attnlab's compiled CPU kernel (``attnlab._native``) with ``torch.utils.cpp_extension``.
+"""Builds attnlab's compiled CPU kernel with ``torch.utils.cpp_extension``: ``attnlab._native_<isa>``, one
+module per instruction-set level (``functional/backends/native_build.py`` picks one at import).
 
 Everything else about the package is in pyproject.toml. The extension is built against the torch
 already installed (the Makefile pins torch==2.13.0 and installs with --no-build-isolation: an
@@ -7,7 +8,7 @@ compiler, no torch at build time) the package still installs: the ``native`` bac
 why in ``attnlab.available_backends()``'s absence and ``attnlab.functional.backends.native.info()``.
 """
 import os
-import subprocess
+import platform
 import sys
 
 from setuptools import setup
@@ -15,23 +16,23 @@ from setuptools import setup
 ext_modules, cmdclass = [], {}
 
 
-def _vector_flags(cxx: str) -> list[str]:
-    """-march=native plus the at::vec capability macro the compiler can honour on this machine.
+# One build for every x86-64 (issue #27): the kernel is compiled once per instruction set, each into its
+# own module, and attnlab.functional.backends.native imports the best one this CPU runs (or the one
+# ATTNLAB_NATIVE_ISA names). No -march=native: a wheel built on one machine runs on any x86-64 with AVX2.
+# CPU_CAPABILITY_* is the at::vec macro that picks its AVX-512 / AVX2 code paths (without one it runs
+# scalar loops, about 4x slower exp and max); AMX needs no flag of ours: oneDNN picks it at run time.
+ISA_FLAGS = {
+    "avx2": ["-march=x86-64-v3", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "avx512": ["-march=x86-64-v4", "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16", "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+}
 
-    at::vec picks its AVX-512 / AVX2 code paths from CPU_CAPABILITY_* macros, not from the
-    compiler's own; without one it falls back to scalar loops (about 4x slower exp and max).
-    """
-    try:
-        macros = subprocess.run([cxx, "-march=native", "-dM", "-E", "-x", "c++", "/dev/null"],
-                                capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    flags = ["-march=native"]
-    if "__AVX512F__" in macros and "__AVX512BW__" in macros and "__AVX512DQ__" in macros:
-        flags += ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
-    elif "__AVX2__" in macros and "__FMA__" in macros:
-        flags += ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    return flags
+
+def _isa_builds() -> dict[str, list[str]]:
+    """{module suffix: flags}: the three x86-64 levels, or one portable build elsewhere (at::vec's scalar code)."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ISA_FLAGS
+    return {"base": []}
 
 
 try:
@@ -46,14 +47,24 @@ try:
             except Exception as exc:           # noqa: BLE001  (any compiler failure)
                 print(f"attnlab: warning: the native kernel was not built: {exc}", file=sys.stderr)
 
+        def build_extension(self, ext):
+            # The same sources compile once per ISA: each build gets its own object directory, or ninja
+            # would take one build's objects, up to date by their times, for another's.
+            base = self.build_temp
+            self.build_temp = os.path.join(base, ext.name.rsplit(".", 1)[-1])
+            try:
+                super().build_extension(ext)
+            finally:
+                self.build_temp = base
+
     src = os.path.join("src", "attnlab", "csrc")
+    sources = [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp",
+                                               "microkernel.cpp")]
     ext_modules = [CppExtension(
-        "attnlab._native",
-        [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp", "microkernel.cpp")],
-        extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-unknown-pragmas"]
-        + _vector_flags(os.environ.get("CXX", "g++")),
+        f"attnlab._native_{isa}", sources,
+        extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-unknown-pragmas"] + flags,
         extra_link_args=["-fopenmp"],
-    )]
+    ) for isa, flags in _isa_builds().items()]
     cmdclass = {"build_ext": _OptionalBuild.with_options(use_ninja=True)}
 except ImportError:                            # no torch at build time: pure-Python install
     print("attnlab: warning: torch is not importable at build time; the native kernel is not built",

@@ -10,7 +10,7 @@
 
 namespace attnlab {
 
-// Whether this build has the tiles (compiled with -march=native on a CPU with AVX512-BF16).
+// Whether this build has the tiles (the avx512_bf16 build: -march=x86-64-v4 -mavx512bf16; setup.py).
 bool tiles_built();
 
 // Whether a float32 or bfloat16 call takes the tiles: built, D and Dv whole vectors of 16 (lanes

@@ -26,18 +26,15 @@ from ..masks import Mask, intersect_spans, parts
 from ..memory import check_fits_in_memory, check_weights_fit
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
+from . import native_build
 from .reference import accum_dtype, dense_bias, safe_softmax
 
 __all__ = ["native_attention", "native_forward", "native_block_backward", "info", "why_unavailable",
            "default_tiles", "on_tiles"]
 
-try:
-    from ... import _native
-    _WHY_NOT: Optional[str] = None
-except ImportError as exc:                       # not built: every other backend still works
-    _native = None
-    _WHY_NOT = (f"the compiled kernel attnlab._native is not built ({exc}); build it with `make setup` "
-                f"(pip install --no-build-isolation -e .) on a machine with g++")
+# One module per instruction-set level (native_build.py); when none loads, every other backend still works.
+_native, ISA, _WHY_ISA = native_build.load()
+_WHY_NOT: Optional[str] = None if _native is not None else _WHY_ISA
 
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
@@ -48,10 +45,15 @@ def why_unavailable() -> Optional[str]:
 
 
 def info() -> str:
-    """Which kernel build runs here: vector capability and the GEMM used per dtype."""
+    """Which kernel build runs here and why (its instruction-set level), its vector capability and the GEMM
+    used per dtype.
+
+    >>> info()     # on an AVX512-BF16 CPU, nothing forced
+    'native: build avx512_bf16 (the best build this CPU runs); at::vec AVX512; float32: sgemm_ ...'
+    """
     if _native is None:
         return f"native: unavailable: {_WHY_NOT}"
-    return f"native: at::vec {_native.capability()}; {_native.blas()}"
+    return f"native: build {ISA} ({_WHY_ISA}); at::vec {_native.capability()}; {_native.blas()}"
 
 
 def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:

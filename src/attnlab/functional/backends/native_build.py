@@ -1,0 +1,70 @@
+"""Which build of the compiled kernel this process runs (issue #27: one build for every x86-64).
+
+``setup.py`` compiles the kernel once per instruction-set level, each into its own module, instead
+of once with ``-march=native`` (a wheel built that way could crash with SIGILL on an older CPU):
+
+* ``attnlab._native_avx2``        x86-64-v3 (AVX2, FMA): at::vec's AVX2 code, MKL's GEMMs;
+* ``attnlab._native_avx512``      x86-64-v4 (AVX-512 F/BW/DQ/VL): at::vec's AVX-512 code, MKL's GEMMs;
+* ``attnlab._native_avx512_bf16`` x86-64-v4 + AVX512-BF16: also the micro-kernel's tiles (fp32, bf16);
+* ``attnlab._native_base``        other machines: no instruction-set flags.
+
+At import the best level this CPU runs is chosen (``functional.cpu.cpu_features``), or the one the
+environment variable ``ATTNLAB_NATIVE_ISA`` names: a lower path, to test it or to work around a
+problem (a level the CPU lacks is refused, never run). AMX needs none of this: oneDNN, inside torch,
+finds it at run time.
+
+Example::
+
+    module, isa, why = load()          # (<module attnlab._native_avx512_bf16>, 'avx512_bf16', 'the best ...')
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+from types import ModuleType
+from typing import Optional
+
+from ..cpu import cpu_features
+
+__all__ = ["ISAS", "ENV", "load", "runnable_isas"]
+
+#: the x86-64 levels, best first
+ISAS = ("avx512_bf16", "avx512", "avx2")
+#: the environment variable that forces a level
+ENV = "ATTNLAB_NATIVE_ISA"
+
+
+def runnable_isas() -> list[str]:
+    """The builds this CPU can execute, best first (``['base']`` off x86-64)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ["base"]
+    f = cpu_features()
+    can = {"avx512_bf16": f["avx512"] and f["avx512_bf16"], "avx512": f["avx512"], "avx2": f["avx2"]}
+    return [isa for isa in ISAS if can[isa]]
+
+
+def load() -> tuple[Optional[ModuleType], Optional[str], str]:
+    """(the compiled module or None, its level, why this level -- or why none loaded)."""
+    runs = runnable_isas()
+    forced = os.environ.get(ENV, "").strip()
+    if forced:
+        known = list(ISAS) + ["base"]
+        if forced not in known:
+            return None, None, f"{ENV}={forced!r} is not a build; choose one of {known} (or unset it)"
+        if forced not in runs:
+            return None, None, (f"{ENV}={forced!r}: this CPU cannot run that build (it runs {runs}); "
+                                f"unset {ENV} or choose one of those")
+        order, why = [forced], f"forced by {ENV}={forced}"
+    else:
+        order, why = runs, "the best build this CPU runs"
+    errors = []
+    for isa in order:
+        try:
+            return importlib.import_module(f"attnlab._native_{isa}"), isa, why
+        except ImportError as exc:                 # not built (no compiler at install time): say so below
+            errors.append(f"attnlab._native_{isa}: {exc}")
+    if not order:
+        return None, None, "this CPU has no AVX2, the lowest level the kernel is built for on x86-64"
+    return None, None, (f"the compiled kernel is not built ({'; '.join(errors)}); build it with `make setup` "
+                        f"(pip install --no-build-isolation -e .) on a machine with g++")

@@ -1,0 +1,72 @@
+"""One build for every x86-64 (issue #27): the kernel is compiled per instruction-set level
+(functional/backends/native_build.py); the best level this CPU runs is chosen at import, a lower one
+can be forced with ATTNLAB_NATIVE_ISA, one it cannot run is refused, and every level this machine
+runs passes the kernel's conformance suite."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.functional.backends import native, native_build
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _probe(isa: str) -> str:
+    """native.info() in a fresh interpreter with ATTNLAB_NATIVE_ISA=isa (the choice is made once, at import)."""
+    env = dict(os.environ, **{native_build.ENV: isa})
+    out = subprocess.run([sys.executable, "-c", "from attnlab.functional.backends import native; print(native.info())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_best_build_this_cpu_runs_is_chosen():
+    if os.environ.get(native_build.ENV):
+        pytest.skip(f"{native_build.ENV} is set for this run")
+    assert native.ISA == native_build.runnable_isas()[0], native.info()
+    assert f"build {native.ISA} (the best build this CPU runs)" in native.info()
+
+
+@pytest.mark.parametrize("isa", native_build.runnable_isas())
+def test_every_build_this_cpu_runs_is_built_and_can_be_forced(isa):
+    """make setup builds every level: a missing one fails here (a user forcing it would lose the kernel)."""
+    assert f"native: build {isa} (forced by {native_build.ENV}={isa})" in _probe(isa)
+
+
+@pytest.mark.parametrize("isa, why", [("sse2", "is not a build; choose one of"),
+                                      ("base", "this CPU cannot run that build")])
+def test_a_build_that_cannot_run_is_refused_by_name(isa, why):
+    if isa == "base" and "base" in native_build.runnable_isas():
+        pytest.skip("off x86-64 the base build is the one that runs")
+    text = _probe(isa)
+    assert text.startswith("native: unavailable:") and why in text and native_build.ENV in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", native_build.runnable_isas())
+def test_every_build_this_cpu_runs_passes_the_conformance_suite(isa):
+    """The kernel's own tests, its tiles', NaN agreement, the property tests and the layouts, per level."""
+    env = dict(os.environ, **{native_build.ENV: isa})
+    files = ["tests/test_native.py", "tests/test_native_tiles.py", "tests/test_nan_agreement.py",
+             "tests/test_properties.py", "tests/test_layouts.py"]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_the_avx2_build_holds_no_avx512_instruction():
+    """What lets one wheel run on a CPU without AVX-512: the avx2 module (built here on an AVX-512 machine,
+    with no -march=native) uses no zmm or mask register, so it cannot stop with SIGILL there."""
+    import importlib
+    import shutil
+    if "avx2" not in native_build.runnable_isas() or shutil.which("objdump") is None:
+        pytest.skip("no avx2 build or no objdump here")
+    path = importlib.import_module("attnlab._native_avx2").__file__
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True,
+                          timeout=120).stdout
+    assert "%ymm" in text                                   # vectorized (at::vec's AVX2 code), but
+    bad = [line for line in text.splitlines() if "%zmm" in line or any(f"%k{i}" in line for i in range(8))]
+    assert not bad, bad[:5]
