@@ -115,7 +115,7 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         if why is not None:
             return "native", why
         return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
-                        "path" + (f"; {AMX_MEASURED['bf16']}" if amx_bf16 else ""))
+                        "path" + _amx_note(req))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
@@ -163,9 +163,13 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
 def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
-    if cpu_class() == "amx":
-        return _plain_native_amx(req)
-    if dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv):
+    amx = cpu_class() == "amx"
+    if amx and dtype == torch.bfloat16:
+        return None                                   # SDPA runs bf16 on AMX tiles (AMX_MEASURED)
+    tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv)
+    if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
+        return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
+    if tiles:
         return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
                 f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
@@ -180,20 +184,16 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     return None
 
 
-def _plain_native_amx(req: AttentionRequest) -> Optional[str]:
-    """``_plain_native`` on a CPU with AMX, where SDPA runs bf16 on AMX tiles (AMX_MEASURED): bf16 always goes
-    to SDPA; fp32 to the compiled kernel on its tiles except a forward without a mask, and off its tiles by the
-    rules measured on Zen 4 (MKL's fp32 GEMMs; not yet measured on this class)."""
-    dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
-    if dtype != torch.float32 or LS <= SMALL_PROBLEM:
-        return None
-    if on_tiles(req.shape.D, req.shape.Dv):
-        return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
-    if causal:
-        return f"fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward at n = 1024-8192 ({ZEN4})"
-    if req.needs_grad and LS >= NATIVE_TRAIN_FROM:
-        return f"fp32 with gradients from n = 4096: the compiled kernel measured 1.07x SDPA's ({ZEN4})"
-    return None
+def _amx_note(req: AttentionRequest) -> str:
+    """What was measured on this class where a plain request goes to SDPA on a CPU with AMX ('' elsewhere)."""
+    if cpu_class() != "amx":
+        return ""
+    if req.q.dtype == torch.bfloat16:
+        return f"; {AMX_MEASURED['bf16']}"
+    big = req.shape.L * req.shape.S > SMALL_PROBLEM
+    if req.q.dtype == torch.float32 and big and on_tiles(req.shape.D, req.shape.Dv):
+        return f"; {AMX_MEASURED['fp32 forward']}"
+    return ""
 
 
 def _plain_small(q, k, v, causal, scale) -> bool:
