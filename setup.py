@@ -29,10 +29,18 @@ ISA_FLAGS = {
 
 
 def _isa_builds() -> dict[str, list[str]]:
-    """{module suffix: flags}: the three x86-64 levels, or one portable build elsewhere (at::vec's scalar code)."""
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        return ISA_FLAGS
-    return {"base": []}
+    """{module suffix: flags}: the three x86-64 levels, or one portable build elsewhere (at::vec's scalar code).
+
+    ATTNLAB_BUILD_ISAS=avx512_bf16[,avx2...] builds only those (a developer's faster rebuild; the
+    others keep their last build, or are absent and cannot be chosen).
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {"base": []}
+    only = [isa.strip() for isa in os.environ.get("ATTNLAB_BUILD_ISAS", "").split(",") if isa.strip()]
+    unknown = sorted(set(only) - set(ISA_FLAGS))
+    if unknown:
+        raise SystemExit(f"attnlab: error: ATTNLAB_BUILD_ISAS names {unknown}; choose from {sorted(ISA_FLAGS)}")
+    return {isa: flags for isa, flags in ISA_FLAGS.items() if not only or isa in only}
 
 
 try:
@@ -59,7 +67,7 @@ try:
 
     src = os.path.join("src", "attnlab", "csrc")
     sources = [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp",
-                                               "microkernel.cpp")]
+                                               "microkernel.cpp", "amx.cpp")]
     ext_modules = [CppExtension(
         f"attnlab._native_{isa}", sources,
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-unknown-pragmas"] + flags,

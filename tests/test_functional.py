@@ -170,8 +170,9 @@ def zen4(monkeypatch):
 
 @pytest.fixture
 def amx(monkeypatch):
-    """auto's rules as measured on an Intel Xeon with AMX."""
+    """auto's rules as measured on an Intel Xeon with AMX, the compiled kernel's amx build loaded."""
     monkeypatch.setattr("attnlab.functional.api.cpu_class", lambda: "amx")
+    monkeypatch.setattr("attnlab.functional.api.on_amx", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
 
 
 def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_apply(zen4):
@@ -216,13 +217,32 @@ def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel(z
     assert "auto -> sdpa" in al.explain(*(t.double() for t in small))                   # fp64: not measured
 
 
-def test_on_a_cpu_with_amx_auto_sends_bf16_to_sdpa_unless_the_mask_skips_most_tiles(amx):
-    """SDPA runs bf16 on AMX tiles there; the compiled kernel's AVX512-BF16 tiles measured 0.25-0.62x its speed
-    on plain requests, 0.42-0.78x with padding, 1.65-5.9x with a W = 256 window (docs/benchmarks.md)."""
+def test_on_a_cpu_with_amx_auto_sends_bf16_training_and_masks_to_the_amx_kernel(amx):
+    """Both run bf16 on AMX there: SDPA's forward is the faster on plain requests, the kernel's forward+backward
+    and its masked forward (it skips the empty tiles) are faster (docs/benchmarks.md)."""
     from attnlab.functional.backends.native import on_tiles
     if not on_tiles(64, 64):
         pytest.skip("the compiled kernel's tiles are not built here")
     q = torch.empty(1, 8, 4096, 64, dtype=torch.bfloat16)
+    for kw in ({}, dict(causal=True)):
+        why = al.explain(q, q, q, **kw)
+        assert "auto -> sdpa" in why and "Intel Xeon with AMX" in why, why
+        why = al.explain(q.clone().requires_grad_(), q, q, **kw)
+        assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
+    for mask in (al.masks.padding(torch.tensor([3072])), al.masks.window(256, 0),
+                 al.masks.documents(torch.arange(4096) // 512)):
+        assert "auto -> native" in al.explain(q, q, q, mask=mask)
+    from attnlab.positional import ALiBi                     # sdpa cannot keep its fp32 values: native
+    assert "auto -> native" in al.explain(q, q, q, causal=True, bias=ALiBi(8).bias())
+    assert "auto -> sdpa" in al.explain(q, q, q, mask=al.masks.padding(torch.tensor([4000])))   # 2% empty
+
+
+def test_on_a_cpu_with_amx_auto_sends_bf16_off_the_amx_path_to_sdpa_unless_the_mask_skips_most_tiles(amx):
+    """D = 48 + 8: the AVX512-BF16 tiles, which measured 0.25-0.62x SDPA on plain requests there."""
+    from attnlab.functional.backends.native import on_tiles
+    if not on_tiles(64, 64):
+        pytest.skip("the compiled kernel's tiles are not built here")
+    q = torch.empty(1, 8, 4096, 56, dtype=torch.bfloat16)
     for kw in ({}, dict(causal=True)):
         for x in (q, q.clone().requires_grad_()):
             why = al.explain(x, q, q, **kw)
@@ -231,8 +251,6 @@ def test_on_a_cpu_with_amx_auto_sends_bf16_to_sdpa_unless_the_mask_skips_most_ti
     for mask in (al.masks.window(256, 0), al.masks.documents(torch.arange(4096) // 512)):
         why = al.explain(q, q, q, mask=mask)
         assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
-    from attnlab.positional import ALiBi                     # sdpa cannot keep its fp32 values: native
-    assert "auto -> native" in al.explain(q, q, q, causal=True, bias=ALiBi(8).bias())
 
 
 def test_on_a_cpu_with_amx_auto_sends_fp32_to_the_kernel_except_plain_inference(amx):

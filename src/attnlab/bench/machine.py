@@ -67,6 +67,11 @@ def code_version() -> dict:
     return {"commit": commit or None, "dirty": dirty if commit else None}
 
 
+def _native_level() -> Optional[str]:
+    from ..functional.backends import native
+    return native.ISA
+
+
 def machine_info(argv: Optional[list[str]] = None) -> dict:
     """Metadata stored with every benchmark report."""
     return {
@@ -79,6 +84,7 @@ def machine_info(argv: Optional[list[str]] = None) -> dict:
         "cpu_model": cpu_model(),
         "cpu_class": cpu_class(),             # the rules of auto are measured per class (functional/cpu.py)
         "cpu_features": cpu_features(),
+        "native_build": _native_level(),      # which level of the compiled kernel ran (amx, avx512_bf16, ...)
         "platform": platform.platform(),
         "inductor_cache_warm_at_start": inductor_cache_warm(),
         "attnlab_source": code_version(),     # kernels change often: which code these numbers are for

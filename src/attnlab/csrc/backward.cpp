@@ -10,7 +10,12 @@
 //   dQ += scale dS K,  dK += scale dS^T Q  (dS times 1 - tanh^2 under a softcap)
 // and the bias gradient dS is written (dense) or summed along the diagonals (relative table).
 // float32 and bfloat16 run the five products on the micro-kernel of microkernel.h where D and Dv
-// are multiples of 16 (dV += P^T dO reads P by columns: no transposed copy).
+// are multiples of 16 (dV += P^T dO reads P by columns: no transposed copy). On AMX (bfloat16,
+// amx.h) they run on brgemm, which reads its first operand by rows: there dK and dV are
+// accumulated transposed, dK^T += Q^T dS and dV^T += dO^T P (Q^T, dO^T copied once per query tile;
+// dS, P as pairs of rows), and turned into rows once per (b, h); brgemm has no alpha, so the scale
+// is applied to dQ once per tile and to dK once per (b, h).
+#include "amx.h"
 #include "microkernel.h"
 #include "native.h"
 
@@ -42,11 +47,13 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
   const acc_t scale = static_cast<acc_t>(pb.scale);
   constexpr bool same = std::is_same_v<scalar_t, acc_t>;
   constexpr bool bf16 = std::is_same_v<scalar_t, at::BFloat16>, f32 = std::is_same_v<scalar_t, float>;
-  const bool tiles16 = pk != nullptr;
-  const int64_t S16 = tiles16 ? pk->S16 : 0, half = bf16 && tiles16 ? (pb.BQ + 1) / 2 : 0;
+  const bool amx = pk != nullptr && pk->amx, tiles16 = pk != nullptr && !amx;
+  const int64_t S16 = pk != nullptr ? pk->S16 : 0, half = bf16 && pk != nullptr ? (pb.BQ + 1) / 2 : 0;
+  const int64_t BQe = 2 * half;                                    // AMX: query rows rounded up to pairs
 
   at::parallel_for(0, pb.B * pb.H, 1, [&](int64_t begin, int64_t end) {
     const OneBlasThread one_blas_thread;                 // same sums at any thread count
+    const AmxRelease amx_release(amx);
     std::vector<acc_t> s(pb.BQ * pb.BK), dp(pb.BQ * pb.BK);     // (BQ, BK) P and dP -> dS
     std::vector<acc_t> th(pb.softcap != 0.0 ? pb.BQ * pb.BK : 0);  // (BQ, BK) tanh of the softcap
     std::vector<acc_t> pd(pb.drop.p > 0.0 ? pb.BQ * pb.BK : 0);    // (BQ, BK) P with dropout
@@ -56,6 +63,9 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
     RowPlan rp(pb.BQ);
     // bf16 tiles' operands: dO, Q, P, dS as pairs of rows
     std::vector<uint32_t> opair(half * pb.Dv), qpair(half * pb.D), ppair(half * pb.BK), dspair(half * pb.BK);
+    // AMX: dO^T and Q^T of the tile (Dv x BQe, D x BQe), and this (b, h)'s dV^T, dK^T (Dv x S16, D x S16)
+    std::vector<scalar_t> dout_cols(amx ? pb.Dv * BQe : 0), q_cols(amx ? pb.D * BQe : 0);
+    std::vector<acc_t> dv_cols(amx ? pb.Dv * S16 : 0), dk_cols(amx ? pb.D * S16 : 0);
 
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / pb.H, h = bh % pb.H, hk = h / pb.G;
@@ -64,6 +74,8 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
       acc_t* dkb = g.dk + bh * pb.S * pb.D;
       acc_t* dvb = g.dv + bh * pb.S * pb.Dv;
       const int64_t bhk = b * pb.Hkv + hk;
+      std::fill(dv_cols.begin(), dv_cols.end(), acc_t(0));
+      std::fill(dk_cols.begin(), dk_cols.end(), acc_t(0));
       for (int64_t t = 0; t < nq; ++t) {
         const int64_t r0 = t * pb.BQ, nr = std::min(pb.BQ, pb.L - r0);
         const scalar_t* qt = q + b * qs[0] + h * qs[1] + r0 * qs[2];
@@ -77,15 +89,21 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             pair_rows(dout_t.data(), pb.Dv, nr, pb.Dv, opair.data());
             pair_rows(qt, qs[2], nr, pb.D, qpair.data());
           }
+          if (amx) {
+            transpose_rows(dout_t.data(), pb.Dv, nr, BQe, pb.Dv, dout_cols.data(), BQe);
+            transpose_rows(qt, qs[2], nr, BQe, pb.D, q_cols.data(), BQe);
+          }
         }
+        const int64_t nre = (nr + 1) / 2 * 2;                     // AMX: the rows' pairs
 
         int64_t klo, khi;
         tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, klo, khi);
         const int64_t kfirst = klo;
         if (tiles16) klo = klo / 16 * 16;                        // the tiles' key groups start on 16
+        if (amx) klo = klo / 2 * 2;                              // AMX: key pairs
         for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
           const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
-          const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
+          const int64_t ncols = pk != nullptr ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
           const int64_t ka = std::max<int64_t>(kfirst - c0, 0);      // this tile's first key in the chunk
           bool all_full;
           if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
@@ -93,7 +111,12 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             if (tiles16)
               rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
           }
-          if (!tiles16)
+          if constexpr (bf16) {
+            if (amx)
+              amx_gemm(nr, ncols, pb.D, qt, qs[2], amx_head(pk->k_cols, bhk, pk->ld_cols, pb.D) + c0, pk->ld_cols,
+                       s.data(), pb.BK, false);
+          }
+          if (pk == nullptr)
             gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
           // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN)
           for (int64_t r = 0; r < nr; ++r) {
@@ -110,6 +133,12 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
               std::fill(row, row + nk, lse_r);
               std::fill(row + nk, row + ncols, acc_t(0));
               continue;
+            }
+            if (amx) {                                               // the scale brgemm did not apply
+              const Vec vs(scale);
+              int64_t j = a;
+              for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
+              for (; j < e; ++j) row[j] *= scale;
             }
             row_logits(pb, b, h, r0 + r, c0, kind, a, e, row, th.empty() ? nullptr : th.data() + r * pb.BK);
             const Vec vl(lse_r);
@@ -142,7 +171,16 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
             if constexpr (!std::is_same_v<scalar_t, double>)
               rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f, dp.data(), pb.BK);
           }
-          if (!tiles16) {
+          if constexpr (bf16) {
+            if (amx) {     // dV^T[:, c0 + ka : c1] += dO^T Pd;  dP = dO V^T
+              pair_rows(pv, pb.BK, nr, ncols, ppair.data());
+              amx_gemm(pb.Dv, nk - ka, nre, dout_cols.data(), BQe, ppair.data() + ka, ncols, dv_cols.data() + c0 + ka,
+                       S16, true);
+              amx_gemm(nr, ncols, pb.Dv, dout_t.data(), pb.Dv, amx_head(pk->v_cols, bhk, pk->ld_cols, pb.Dv) + c0,
+                       pk->ld_cols, dp.data(), pb.BK, false);
+            }
+          }
+          if (pk == nullptr) {
             // dV[c0:c1] += Pd^T dO
             gemm(true, false, nk, pb.Dv, nr, acc_t(1), as_input(pv, conv.data(), nr * pb.BK), pb.BK, dout_t.data(),
                  pb.Dv, acc_t(1), dvb + c0 * pb.Dv, pb.Dv);
@@ -191,6 +229,14 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
               continue;
             }
           } else if constexpr (bf16) {
+            if (amx) {       // dQ += dS K (scaled per tile);  dK^T[:, c0 + ka : c1] += Q^T dS (scaled per (b, h))
+              amx_gemm(nr, pb.D, ncols, dsi, pb.BK, amx_head(pk->k_pairs, bhk, S16, pb.D) + c0 / 2 * pb.D, pb.D,
+                       dq.data(), pb.D, true);
+              pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
+              amx_gemm(pb.D, nk - ka, nre, q_cols.data(), BQe, dspair.data() + ka, ncols, dk_cols.data() + c0 + ka, S16,
+                       true);
+              continue;
+            }
             if (tiles16) {   // dQ += scale dS K;  dK[c0 + ka : c1] += scale dS^T Q (keys [kfirst, c1) only)
               bf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, ka, nk, scale, dq.data(), pb.D);
               pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
@@ -203,7 +249,15 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scal
           gemm(false, false, nr, pb.D, nk, scale, dsi, pb.BK, kb + c0 * ks[2], ks[2], acc_t(1), dq.data(), pb.D);
           gemm(true, false, nk, pb.D, nr, scale, dsi, pb.BK, qt, qs[2], acc_t(1), dkb + c0 * pb.D, pb.D);
         }
+        if (amx)
+          for (int64_t x = 0; x < nr * pb.D; ++x) dq[x] *= scale;
         std::copy_n(dq.data(), nr * pb.D, g.dq + (bh * pb.L + r0) * pb.D);
+      }
+      if (amx) {                       // dK = scale (dK^T)^T, dV = (dV^T)^T
+        for (int64_t x = 0; x < pb.D; ++x)
+          for (int64_t j = 0; j < pb.S; ++j) dkb[j * pb.D + x] = scale * dk_cols[x * S16 + j];
+        for (int64_t x = 0; x < pb.Dv; ++x)
+          for (int64_t j = 0; j < pb.S; ++j) dvb[j * pb.Dv + x] = dv_cols[x * S16 + j];
       }
     }
   });
@@ -232,8 +286,11 @@ void run_backward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Ten
   }
   PackedKV packed;
   const PackedKV* pk = nullptr;
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (pack_for_amx(pb, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, true, packed)) pk = &packed;
+  }
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    if (uses_tiles(pb)) {
+    if (pk == nullptr && uses_tiles(pb)) {
       packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv, true);
       pk = &packed;
     }

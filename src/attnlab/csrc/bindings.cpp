@@ -3,6 +3,7 @@
 // (attnlab/functional/backends/native.py) prepares the mask spans/bits and the bias table.
 #include <torch/extension.h>
 
+#include "amx.h"
 #include "microkernel.h"
 #include "native.h"
 
@@ -180,6 +181,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "attnlab's compiled CPU attention kernel (FlashAttention-2 forward and backward)";
   m.def("forward", &attnlab::forward, "forward pass -> [out (B, H, L, Dv), lse (B, H, L)]");
   m.def("backward", &attnlab::backward, "backward pass -> [dq, dk, dv (per query head), dbias]");
+  m.def("set_amx", &attnlab::set_amx, "use AMX (brgemm) for bfloat16 where the CPU has it; returns whether it is on");
+  m.def("amx_supported", &attnlab::amx_supported, "whether this CPU runs bfloat16 brgemm on AMX tiles");
   m.def("blas", &attnlab::blas_name, "which GEMM each dtype uses");
   m.def("tiles_built", &attnlab::tiles_built, "whether float32 and bfloat16 run on the AVX-512 micro-kernel "
         "(where D and Dv are multiples of 16)");

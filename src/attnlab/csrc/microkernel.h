@@ -26,7 +26,9 @@ inline bool uses_tiles(const Problem& pb) {
 //   pairs:  2 keys at a time,  [X] words       -- the second operand of O += P V and dQ += dS K
 struct PackedKV {
   at::Tensor k_groups, v_groups, v_pairs, k_pairs;   // (B Hkv, S16 X / 2) int32 words; undefined if unused
-  int64_t S16 = 0;
+  at::Tensor k_cols, v_cols;                         // AMX only (amx.h): K^T, V^T as [X/2][ld_cols] words per head
+  int64_t S16 = 0, ld_cols = 0;
+  bool amx = false;                                  // packed for amx_gemm (amx_pack_kv), not the tiles
 };
 
 // Packs k (B, Hkv, S, D) and v (B, Hkv, S, Dv) given by pointer and strides (b, h, s). The forward

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
-from .backends.native import on_tiles
+from .backends.native import on_amx, on_tiles
 from .backends.reference import reference_attention
 from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -54,25 +54,33 @@ TILES_MEASURED = {
     torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.67-1.89x and "
                      f"1.78-1.96x its forward+backward, at n = 1024-16384 ({ZEN4})"),
 }
-# On a CPU with AMX (functional/cpu.py), torch's SDPA runs bf16 products on AMX tiles through oneDNN and
-# the compiled kernel's AVX512-BF16 tiles do not (docs/benchmarks.md, "Intel Xeon with AMX", B=1 H=8 D=64):
-# * bf16 without a mask or causal: the compiled kernel measured 0.25-0.36x SDPA's forward and 0.51-0.62x its
-#   forward+backward at n = 1024, 4096: SDPA;
-# * bf16 with a mask: 0.42-0.58x (forward) and 0.65-0.78x (forward+backward) the sdpa backend's speed with
-#   padding (a quarter of the tiles empty), but 1.65-5.9x with a W = 256 window and 2.4-3.6x with 8 documents: the
-#   compiled kernel where at least AMX_BF16_MIN_SKIPPABLE of the tiles are empty, else SDPA;
+# On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
+# does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
+# there (docs/benchmarks.md, "Intel Xeon with AMX", B=1 H=8 D=64, the auto grid at n = 1024, 4096):
+# * bf16 on AMX: the compiled kernel AMX_FWD of SDPA's forward without a mask or causal (SDPA), AMX_TRAIN of its
+#   forward+backward (the kernel); with a mask that leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles
+#   empty (padding) the kernel's forward wins too;
+# * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
+#   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
+#   1.65-5.9x; 8 documents: 2.4-3.6x);
 # * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
 #   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
+AMX_FWD, AMX_TRAIN = "0.87-0.97x", "1.13-1.56x"
 AMX_MEASURED = {
-    "bf16": ("on this CPU with AMX torch's SDPA runs bf16 on AMX tiles, and the compiled kernel's AVX512-BF16 tiles "
-             f"measured 0.25-0.36x its forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
+    "bf16": (f"bf16 on this CPU with AMX: the compiled kernel's AMX build measured {AMX_FWD} SDPA's forward "
+             f"without a mask or with a causal one and {AMX_TRAIN} its forward+backward, at n = 1024, 4096 "
+             f"({XEON_AMX})"),
+    "bf16 tiles": ("on this CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
+                   "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
+                   f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
     "fp32 forward": ("fp32 forward without a mask on this CPU with AMX: the compiled kernel's tiles measured "
                      f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
     "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
              f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
              f"n = 1024, 4096 ({XEON_AMX})"),
 }
-AMX_BF16_MIN_SKIPPABLE = 0.6
+AMX_BF16_MIN_SKIPPABLE = 0.15
+TILES_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
@@ -129,12 +137,17 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return "sparse", (f"a block layout ({req.mask!r}) at L*S = {L * S} >= {SPARSE_FROM}: its scattered "
                           f"blocks are faster gathered into one batched matmul than walked tile by tile "
                           f"(measured 1.2-1.7x tiled at n=8192)")
-    if sdpa_ok and amx_bf16 and "native" in runnable and not isinstance(req.bias, StructuredBias):
+    amx_kernel = amx_bf16 and on_amx(req.shape.D, req.shape.Dv)
+    if (sdpa_ok and amx_bf16 and "native" in runnable and not isinstance(req.bias, StructuredBias)
+            and not (amx_kernel and req.needs_grad)):
         skip = _skippable(req)
-        if skip < AMX_BF16_MIN_SKIPPABLE:
-            return "sdpa", (f"bf16 with a mask that leaves {skip:.0%} of the tiles empty (the compiled kernel wins "
-                            f"from {AMX_BF16_MIN_SKIPPABLE:.0%}): {AMX_MEASURED['bf16']}; with padding it measured "
-                            f"0.42-0.78x the sdpa backend's speed, with a W = 256 window 1.65-5.9x")
+        least = AMX_BF16_MIN_SKIPPABLE if amx_kernel else TILES_BF16_MIN_SKIPPABLE
+        if skip < least:
+            return "sdpa", (f"bf16 inference with a mask that leaves {skip:.0%} of the tiles empty (the compiled "
+                            f"kernel wins from {least:.0%}): "
+                            + (AMX_MEASURED["bf16"] if amx_kernel else
+                               f"{AMX_MEASURED['bf16 tiles']}; with padding they measured 0.42-0.78x the sdpa "
+                               f"backend's speed, with a W = 256 window 1.65-5.9x"))
     exact_kernel = "native" if "native" in runnable else "tiled"    # the compiled one where it is built
     if exact_kernel in runnable and plain:             # no mask or bias, yet not SDPA's flash kernel
         why = ("dropout" if req.dropout_p > 0.0 else "Dv != D" if req.v.shape[-1] != req.q.shape[-1] else
@@ -164,8 +177,9 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     amx = cpu_class() == "amx"
-    if amx and dtype == torch.bfloat16:
-        return None                                   # SDPA runs bf16 on AMX tiles (AMX_MEASURED)
+    if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles: the kernel for training
+        train = on_amx(req.shape.D, req.shape.Dv) and req.needs_grad and LS > SMALL_PROBLEM
+        return AMX_MEASURED["bf16"] if train else None
     tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv)
     if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
         return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
@@ -189,7 +203,7 @@ def _amx_note(req: AttentionRequest) -> str:
     if cpu_class() != "amx":
         return ""
     if req.q.dtype == torch.bfloat16:
-        return f"; {AMX_MEASURED['bf16']}"
+        return f"; {AMX_MEASURED['bf16' if on_amx(req.shape.D, req.shape.Dv) else 'bf16 tiles']}"
     big = req.shape.L * req.shape.S > SMALL_PROBLEM
     if req.q.dtype == torch.float32 and big and on_tiles(req.shape.D, req.shape.Dv):
         return f"; {AMX_MEASURED['fp32 forward']}"

@@ -8,14 +8,17 @@ of once with ``-march=native`` (a wheel built that way could crash with SIGILL o
 * ``attnlab._native_avx512_bf16`` x86-64-v4 + AVX512-BF16: also the micro-kernel's tiles (fp32, bf16);
 * ``attnlab._native_base``        other machines: no instruction-set flags.
 
+The level ``amx`` is the avx512_bf16 module with its bfloat16 products on AMX tiles (oneDNN's brgemm
+inside torch, csrc/amx.cpp): no flag of ours, the CPU's AMX is asked at run time; forcing any lower
+level turns it off.
+
 At import the best level this CPU runs is chosen (``functional.cpu.cpu_features``), or the one the
 environment variable ``ATTNLAB_NATIVE_ISA`` names: a lower path, to test it or to work around a
-problem (a level the CPU lacks is refused, never run). AMX needs none of this: oneDNN, inside torch,
-finds it at run time.
+problem (a level the CPU lacks is refused, never run).
 
 Example::
 
-    module, isa, why = load()          # (<module attnlab._native_avx512_bf16>, 'avx512_bf16', 'the best ...')
+    module, isa, why = load()          # (<module attnlab._native_avx512_bf16>, 'amx', 'the best ...')
 """
 from __future__ import annotations
 
@@ -30,7 +33,9 @@ from ..cpu import cpu_features
 __all__ = ["ISAS", "ENV", "load", "runnable_isas"]
 
 #: the x86-64 levels, best first
-ISAS = ("avx512_bf16", "avx512", "avx2")
+ISAS = ("amx", "avx512_bf16", "avx512", "avx2")
+#: the module each level imports (amx: the avx512_bf16 module with AMX turned on)
+MODULES = {"amx": "avx512_bf16"}
 #: the environment variable that forces a level
 ENV = "ATTNLAB_NATIVE_ISA"
 
@@ -40,7 +45,8 @@ def runnable_isas() -> list[str]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return ["base"]
     f = cpu_features()
-    can = {"avx512_bf16": f["avx512"] and f["avx512_bf16"], "avx512": f["avx512"], "avx2": f["avx2"]}
+    can = {"amx": f["avx512"] and f["avx512_bf16"] and f["amx_bf16"],
+           "avx512_bf16": f["avx512"] and f["avx512_bf16"], "avx512": f["avx512"], "avx2": f["avx2"]}
     return [isa for isa in ISAS if can[isa]]
 
 
@@ -60,10 +66,16 @@ def load() -> tuple[Optional[ModuleType], Optional[str], str]:
         order, why = runs, "the best build this CPU runs"
     errors = []
     for isa in order:
+        name = f"attnlab._native_{MODULES.get(isa, isa)}"
         try:
-            return importlib.import_module(f"attnlab._native_{isa}"), isa, why
+            module = importlib.import_module(name)
         except ImportError as exc:                 # not built (no compiler at install time): say so below
-            errors.append(f"attnlab._native_{isa}: {exc}")
+            errors.append(f"{name}: {exc}")
+            continue
+        if hasattr(module, "set_amx") and module.set_amx(isa == "amx") != (isa == "amx"):
+            errors.append(f"{name}: the CPU reports AMX, but oneDNN cannot use it in this process")
+            continue
+        return module, isa, why
     if not order:
         return None, None, "this CPU has no AVX2, the lowest level the kernel is built for on x86-64"
     return None, None, (f"the compiled kernel is not built ({'; '.join(errors)}); build it with `make setup` "
