@@ -123,13 +123,16 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
   // On AMX (bfloat16; amx.h): K^T is packed as columns, so a chunk may start at any even key (V is read
   // as key pairs); brgemm has no alpha, so the scale is applied in the softmax pass.
   const bool tiles16 = pk != nullptr && !pk->amx, amx = pk != nullptr && pk->amx;
+  // Row stride of the score and probability blocks: on AMX 16 past BK, so that rows 2 KB apart (BK = 512
+  // floats) do not share L1 sets; brgemm writes and the softmax reads them a row at a time.
+  const int64_t lds = amx ? pb.BK + 16 : pb.BK;
 
   at::parallel_for(0, pb.B * pb.H * nq, 1, [&](int64_t begin, int64_t end) {
     const OneBlasThread one_blas_thread;                 // same sums at any thread count
     const AmxRelease amx_release(amx);
     // Per-thread scratch, allocated once per call.
-    std::vector<acc_t> s(pb.BQ * pb.BK);                 // (BQ, BK) logits, then probabilities
-    std::vector<scalar_t> p_in(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * pb.BK);   // P rounded for the GEMM
+    std::vector<acc_t> s(pb.BQ * lds);                   // (BQ, BK) logits, then probabilities (row stride lds)
+    std::vector<scalar_t> p_in(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * lds);   // P rounded for the GEMM
     std::vector<acc_t> o(pb.BQ * pb.Dv);                 // (BQ, Dv) unnormalized output
     std::vector<acc_t> m(pb.BQ), l(pb.BQ);               // running max and sum per row
     RowPlan rp(pb.BQ);
@@ -158,48 +161,48 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scala
         if constexpr (!std::is_same_v<scalar_t, double>) {
           if (tiles16)
             rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk, s.data(),
-                           pb.BK);
+                           lds);
         }
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
           if (amx)
             amx_gemm(nr, ncols, pb.D, qt, qs[2], amx_head(pk->k_cols, bhk, pk->ld_cols, pb.D) + c0, pk->ld_cols, s.data(),
-                     pb.BK, false);
+                     lds, false);
         }
         if (!tiles16 && !amx)
-          gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
+          gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), lds);
 
         for (int64_t r = 0; r < nr; ++r) {
           if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
             if (amx) {
-              softmax_row_bf16(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * pb.BK, m.data(), l.data(), o.data(),
-                               alpha_qk, p_in.data() + r * pb.BK);
+              softmax_row_bf16(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * lds, m.data(), l.data(), o.data(),
+                               alpha_qk, p_in.data() + r * lds);
               continue;
             }
           }
-          softmax_row(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * pb.BK, m.data(), l.data(), o.data(), acc_t(1));
+          softmax_row(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * lds, m.data(), l.data(), o.data(), acc_t(1));
           if (tiles16 && !std::is_same_v<scalar_t, acc_t>)
-            at::vec::convert(s.data() + r * pb.BK, p_in.data() + r * pb.BK, ncols);
+            at::vec::convert(s.data() + r * lds, p_in.data() + r * lds, ncols);
         }
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
           if (amx) {     // O += P V over the chunk's key pairs (P is 0 outside each row's keys; see pack_for_amx)
-            amx_gemm(nr, pb.Dv, ncols, p_in.data(), pb.BK, amx_head(pk->v_pairs, bhk, pk->S16, pb.Dv) + c0 / 2 * pb.Dv,
+            amx_gemm(nr, pb.Dv, ncols, p_in.data(), lds, amx_head(pk->v_pairs, bhk, pk->S16, pb.Dv) + c0 / 2 * pb.Dv,
                      pb.Dv, o.data(), pb.Dv, true);
             continue;
           }
           if (tiles16) {
-            bf16_rows_by_pairs(p_in.data(), pb.BK, nr, pk->v_pairs, b * pb.Hkv + hk, pk->S16, pb.Dv, c0,
+            bf16_rows_by_pairs(p_in.data(), lds, nr, pk->v_pairs, b * pb.Hkv + hk, pk->S16, pb.Dv, c0,
                                  std::max<int64_t>(kfirst - c0, 0), nk, 1.0f, o.data(), pb.Dv);
             continue;
           }
         } else if constexpr (std::is_same_v<scalar_t, float>) {
           if (tiles16) {
-            fp32_rows_by_rows(s.data(), pb.BK, nr, vb + c0 * vs[2], vs[2], pb.Dv, std::max<int64_t>(kfirst - c0, 0),
+            fp32_rows_by_rows(s.data(), lds, nr, vb + c0 * vs[2], vs[2], pb.Dv, std::max<int64_t>(kfirst - c0, 0),
                               nk, 1.0f, o.data(), pb.Dv);
             continue;
           }
         }
-        const scalar_t* p = as_input(s.data(), p_in.data(), nr * pb.BK);
-        gemm(false, false, nr, pb.Dv, nk, acc_t(1), p, pb.BK, vb + c0 * vs[2], vs[2], acc_t(1), o.data(), pb.Dv);
+        const scalar_t* p = as_input(s.data(), p_in.data(), nr * lds);
+        gemm(false, false, nr, pb.Dv, nk, acc_t(1), p, lds, vb + c0 * vs[2], vs[2], acc_t(1), o.data(), pb.Dv);
       }
       // out = o / l; lse = m + log l; rows that saw nothing: 0 and -inf
       for (int64_t r = 0; r < nr; ++r) {
