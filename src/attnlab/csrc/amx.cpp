@@ -103,9 +103,13 @@ PackedKV amx_pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat1
       if (backward) {
         ok = pack_columns(vb, vs[2], S, Dv, pk.ld_cols, words(pk.v_cols) + bh * pk.ld_cols * Dv / 2) && ok;
         pair_rows(kb, ks[2], S, D, words(pk.k_pairs) + bh * pk.S16 * D / 2);
-      } else {
-        for (int64_t j = 0; j < S && ok; ++j)                  // V's finiteness (the forward reads it as pairs)
-          for (int64_t c = 0; c < Dv; ++c) ok = ok && (vb[j * vs[2] + c].x & 0x7F80u) != 0x7F80u;
+      } else {                                                  // V's finiteness (the forward reads it as pairs)
+        uint32_t bad = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          const at::BFloat16* row = vb + j * vs[2];
+          for (int64_t c = 0; c < Dv; ++c) bad |= static_cast<uint32_t>((row[c].x & 0x7F80u) == 0x7F80u);
+        }
+        ok = ok && bad == 0;
       }
       pair_rows(vb, vs[2], S, Dv, words(pk.v_pairs) + bh * pk.S16 * Dv / 2);
       if (!ok) all_finite = false;
@@ -130,6 +134,10 @@ float row_max(const float* row, int64_t a, int64_t e) {
     v0 = _mm512_max_ps(v0, _mm512_loadu_ps(row + j));
     v1 = _mm512_max_ps(v1, _mm512_loadu_ps(row + j + 16));
   }
+  for (; j < e; j += 16) {                   // the tail (a causal row's diagonal chunk), masked
+    const __mmask16 k = static_cast<__mmask16>((1u << std::min<int64_t>(16, e - j)) - 1u);
+    v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(_mm512_set1_ps(mx), k, row + j));
+  }
   mx = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
 #endif
   for (; j < e; ++j) mx = nan_max(mx, row[j]);
@@ -152,6 +160,14 @@ float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m,
     at::vec::convert_float_bfloat16(p0, p1).store(out + j);
 #endif
   }
+#ifdef ATTNLAB_AMX_VECTORS
+  for (; j < e; j += VW) {                   // the tail, masked: no scalar exp (a causal row ends anywhere)
+    const __mmask16 k = static_cast<__mmask16>((1u << std::min<int64_t>(VW, e - j)) - 1u);
+    const __m512 p = _mm512_maskz_mov_ps(k, vexp(at::vec::fmadd(Vec(_mm512_maskz_loadu_ps(k, row + j)), vs, vneg)));
+    vsum = vsum + Vec(p);
+    _mm256_mask_storeu_epi16(out + j, k, (__m256i)_mm512_cvtneps_pbh(p));
+  }
+#endif
   float sum = hsum(vsum);
   for (; j < e; ++j) {
     const float p = std::exp(std::fma(row[j], scale, -m));
