@@ -56,20 +56,21 @@ TILES_MEASURED = {
 }
 # On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
 # does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
-# there (docs/benchmarks.md, "Intel Xeon with AMX", B=1 H=8 D=64, the auto grid at n = 1024, 4096):
+# there (docs/benchmarks.md, "Issue #27: bf16 on AMX tiles", B=1 H=8, n = 1024-8192, D = 64 and 128):
 # * bf16 on AMX: the compiled kernel AMX_FWD of SDPA's forward without a mask or causal (SDPA), AMX_TRAIN of its
-#   forward+backward (the kernel); with a mask that leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles
-#   empty (padding) the kernel's forward wins too;
+#   forward+backward (the kernel). Its forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of
+#   the tiles empty: at 1/4 (padding to 3n/4) it measured 1.55-1.70x the sdpa backend's speed, and the
+#   dense forward's 0.83-0.98x puts the break-even near 1/10;
 # * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
 #   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
 #   1.65-5.9x; 8 documents: 2.4-3.6x);
 # * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
 #   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
-AMX_FWD, AMX_TRAIN = "0.87-0.97x", "1.13-1.56x"
+AMX_FWD, AMX_TRAIN = "0.83-1.10x", "1.24-1.74x"
 AMX_MEASURED = {
     "bf16": (f"bf16 on this CPU with AMX: the compiled kernel's AMX build measured {AMX_FWD} SDPA's forward "
-             f"without a mask or with a causal one and {AMX_TRAIN} its forward+backward, at n = 1024, 4096 "
-             f"({XEON_AMX})"),
+             f"without a mask or with a causal one and {AMX_TRAIN} its forward+backward, at n = 1024-8192, "
+             f"D = 64 and 128 ({XEON_AMX})"),
     "bf16 tiles": ("on this CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
                    "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
                    f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
@@ -155,8 +156,10 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
                               f"the {exact_kernel} kernel keeps O(L + S) memory")
     if "native" in runnable:
-        measured = (f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
-                    f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_bf16 else
+        measured = (f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
+                    f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
+                    f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
+                    f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})" if amx_bf16 else
                     f"measured 1.5-1.8x FlexAttention on windows, documents and ALiBi at n = 8192 ({ZEN4})")
         return "native", ("a mask or bias is involved: SDPA would compute every pair and need the dense (L, S) "
                           "mask in memory; the compiled kernel visits only the keys each row may attend, reads "
