@@ -39,6 +39,9 @@ namespace {
 
 std::atomic<bool> amx_wanted{false};
 
+// Whether one bfloat16's bits are an inf or a NaN (exponent bits all ones).
+inline uint32_t bf16_nonfinite(uint32_t bits) { return static_cast<uint32_t>((bits & 0x7F80u) == 0x7F80u); }
+
 // One kv head of x (S rows, X columns) as columns: out[p * ldo + j] = (x[j][2p], x[j][2p+1]), 0 past S.
 // Returns whether every element read is finite (bf16: exponent bits not all ones).
 bool pack_columns(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64_t ldo, uint32_t* out) {
@@ -50,7 +53,7 @@ bool pack_columns(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64
       uint32_t w;
       std::memcpy(&w, row + 2 * p, sizeof(w));
       out[p * ldo + j] = w;
-      bad |= static_cast<uint32_t>((w & 0x7F80u) == 0x7F80u) | static_cast<uint32_t>((w & 0x7F800000u) == 0x7F800000u);
+      bad |= bf16_nonfinite(w & 0xFFFFu) | bf16_nonfinite(w >> 16);
     }
   }
   for (int64_t p = 0; p < P; ++p) std::fill(out + p * ldo + S, out + (p + 1) * ldo, 0u);
@@ -107,7 +110,7 @@ PackedKV amx_pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat1
         uint32_t bad = 0;
         for (int64_t j = 0; j < S; ++j) {
           const at::BFloat16* row = vb + j * vs[2];
-          for (int64_t c = 0; c < Dv; ++c) bad |= static_cast<uint32_t>((row[c].x & 0x7F80u) == 0x7F80u);
+          for (int64_t c = 0; c < Dv; ++c) bad |= bf16_nonfinite(row[c].x);
         }
         ok = ok && bad == 0;
       }

@@ -190,6 +190,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     struct Shape { int64_t D, Dv, BK; } shape{D, Dv, BK};
     return attnlab::uses_tiles(shape);               // the forward's and backward's own test
   }, "whether a float32 or bfloat16 call with head dims D, Dv and key chunk BK runs on the micro-kernel");
+  m.def("uses_amx", [](int64_t D, int64_t Dv, int64_t BK) {
+    struct Shape { int64_t D, Dv, BK; } shape{D, Dv, BK};
+    return attnlab::uses_amx(shape);                 // the forward's and backward's own test
+  }, "whether a bfloat16 call with head dims D, Dv and key chunk BK runs its products on AMX");
   m.def("capability", []() {
 #if defined(CPU_CAPABILITY_AVX512)
     return std::string("AVX512");

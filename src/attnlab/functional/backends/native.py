@@ -58,13 +58,14 @@ def info() -> str:
     return f"native: build {ISA} ({_WHY_ISA}); at::vec {_native.capability()}; {_native.blas()}{amx}"
 
 
-def on_amx(D: int, Dv: int) -> bool:
-    """Does a bfloat16 call with head dims D, Dv run its products on AMX tiles (csrc/amx.cpp)?
+def on_amx(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
+    """Does a bfloat16 call with head dims D, Dv (and key chunk ``tile_k``, default: the AMX tiles') run its
+    products on AMX tiles (csrc/amx.cpp)? The kernel's own test (``uses_amx``), asked, not restated.
 
     >>> on_amx(64, 64), on_amx(40, 64)      # on an Intel Xeon with AMX
     (True, False)
     """
-    return ISA == "amx" and D % 16 == 0 and Dv % 16 == 0
+    return _native is not None and _native.uses_amx(D, Dv, tile_k if tile_k is not None else AMX_TILES[1])
 
 
 def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
