@@ -8,8 +8,10 @@
     attnlab serve                serve.py      the web lab
     attnlab bench                bench.py      kernel timings and the other benchmarks (``attnlab bench --help``)
 
-``util.py`` holds what every command shares: ``fail`` (``attnlab: error: ...``, exit 2) and the status of
-a run stopped by Ctrl-C (130).
+``util.py`` holds what every command shares: ``fail`` (``attnlab: error: ...``, exit 2 for bad input),
+``fail_run`` (exit 1, a failure at run time), ``writable_dir``/``writable_file`` (an output path checked
+before any work) and the status of a run stopped by Ctrl-C (130). An ``OSError`` that reaches ``main``
+is one ``attnlab: error:`` line, exit 1, never a traceback.
 
 Adding a subcommand: a module here with ``add_<name>(sub)`` that builds its parser and sets ``run=``
 (a function of the parsed args returning the exit status), listed in ``SUBCOMMANDS`` below. Progress goes
@@ -28,7 +30,7 @@ from .generate import add_generate
 from .serve import add_serve
 from .show import add_show
 from .train import add_eval, add_train
-from .util import EXIT_INTERRUPTED
+from .util import EXIT_INTERRUPTED, fail_run
 from .verify import add_verify
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
@@ -64,5 +66,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:            # Ctrl-C outside a command's own handling: a line, not a traceback
         print("\nattnlab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:                 # the last net under every command: a disk, not the input, failed
+        where = f" ({e.filename})" if e.filename else ""
+        return fail_run(f"{e.strerror or e}{where}")
     finally:
         logger.removeHandler(handler)    # main() may be called again in-process (tests)
