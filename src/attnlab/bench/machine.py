@@ -17,21 +17,9 @@ from typing import Optional
 
 import torch
 
-from ..functional.cpu import cpu_class, cpu_features
+from ..functional.cpu import cpu_class, cpu_features, cpu_model
 
 __all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor"]
-
-
-def cpu_model() -> str:
-    """The CPU's "model name" from /proc/cpuinfo, or platform's guess elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def cpu_label(meta: dict) -> str:

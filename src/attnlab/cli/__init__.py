@@ -7,6 +7,8 @@
     attnlab show                 show.py       attention maps of a model or checkpoint (show_tasks.py: VQA, Evoformer)
     attnlab serve                serve.py      the web lab
     attnlab bench                bench.py      kernel timings and the other benchmarks (``attnlab bench --help``)
+    attnlab explain              explain.py    which backend auto picks for a shape, and why (``attnlab.explain``)
+    attnlab tune                 tune.py       measure this machine for auto's choices (a profile auto reads)
 
 ``util.py`` holds what every command shares: ``fail`` (``attnlab: error: ...``, exit 2 for bad input),
 ``fail_run`` (exit 1, a failure at run time), ``writable_dir``/``writable_file`` (an output path checked
@@ -26,22 +28,30 @@ from typing import Callable, Optional
 
 from .bench import add_bench
 from .demo import add_demo
+from .explain import add_explain
 from .generate import add_generate
 from .serve import add_serve
 from .show import add_show
 from .train import add_eval, add_train
+from .tune import add_tune
 from .util import EXIT_INTERRUPTED, fail_run
 from .verify import add_verify
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
-SUBCOMMANDS: list[Callable] = [add_demo, add_train, add_eval, add_generate, add_verify, add_show, add_serve, add_bench]
+# in the order `attnlab --help` lists them
+SUBCOMMANDS: list[Callable] = [
+    add_demo, add_train, add_eval, add_generate, add_verify, add_show, add_serve, add_bench, add_explain,
+    add_tune,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``attnlab`` parser: every command of ``SUBCOMMANDS`` as a subparser (built on each call, so tests
     that patch a command's ``run`` see it)."""
-    p = argparse.ArgumentParser(prog="attnlab", description="attnlab: exact, tested self-attention.")
+    from ..tasks import task_names
+    p = argparse.ArgumentParser(prog="attnlab", description="attnlab: exact, tested self-attention.",
+                                epilog=f"models to train and evaluate (attnlab train NAME): {', '.join(task_names())}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(sub)

@@ -15,6 +15,7 @@ from .backends.sdpa import NAN_SAFE_S, sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
 from .bias import StructuredBias
 from .cpu import cpu_class
+from .profile import current_profile
 from .dropout import new_seed
 from .masks import EMPTY, CausalMask, DenseMask
 from .patterns import BlockLayoutMask
@@ -22,7 +23,7 @@ from .masks import parts as mask_parts
 from .registry import Backend, all_backends, get_backend
 from .request import AttentionRequest, make_request
 
-__all__ = ["attention", "explain", "choose_backend"]
+__all__ = ["attention", "explain", "choose_backend", "skippable"]
 
 # Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
 # than skipping saves, and SDPA with the dense mask is faster (measured, B=1 H=8 D=64: causal &
@@ -68,13 +69,13 @@ TILES_MEASURED = {
 #   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
 AMX_FWD, AMX_TRAIN = "0.83-1.10x", "1.24-1.74x"
 AMX_MEASURED = {
-    "bf16": (f"bf16 on this CPU with AMX: the compiled kernel's AMX build measured {AMX_FWD} SDPA's forward "
+    "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_FWD} SDPA's forward "
              f"without a mask or with a causal one and {AMX_TRAIN} its forward+backward, at n = 1024-8192, "
              f"D = 64 and 128 ({XEON_AMX})"),
-    "bf16 tiles": ("on this CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
+    "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
                    "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
                    f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
-    "fp32 forward": ("fp32 forward without a mask on this CPU with AMX: the compiled kernel's tiles measured "
+    "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
                      f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
     "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
              f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
@@ -97,7 +98,7 @@ def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
             for b in all_backends()]
 
 
-def _skippable(req: AttentionRequest) -> float:
+def skippable(req: AttentionRequest) -> float:
     """Fraction of the tiled kernel's tiles (``tiled_plan.skip_grid``) the mask leaves empty (0 without a mask)."""
     if req.mask is None:
         return 0.0
@@ -120,6 +121,9 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
     if sdpa_ok and plain:
+        tuned = _tuned(req, plain=True) if "native" in runnable else None
+        if tuned is not None:
+            return tuned
         why = _plain_native(req) if "native" in runnable else None
         if why is not None:
             return "native", why
@@ -129,7 +133,7 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
-        skip = _skippable(req)
+        skip = skippable(req)
         if skip < MIN_SKIPPABLE:
             return "sdpa", (f"a dense mask with only {skip:.0%} empty tiles: SDPA's fused kernel applies it "
                             f"faster than tiling can skip")
@@ -138,10 +142,14 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         return "sparse", (f"a block layout ({req.mask!r}) at L*S = {L * S} >= {SPARSE_FROM}: its scattered "
                           f"blocks are faster gathered into one batched matmul than walked tile by tile "
                           f"(measured 1.2-1.7x tiled at n=8192)")
+    masked_only = sdpa_ok and "native" in runnable and req.bias is None and not elementwise
+    tuned = _tuned(req, plain=False) if masked_only else None
+    if tuned is not None:
+        return tuned
     amx_kernel = amx_bf16 and on_amx(req.shape.D, req.shape.Dv)
     if (sdpa_ok and amx_bf16 and "native" in runnable and not isinstance(req.bias, StructuredBias)
             and not (amx_kernel and req.needs_grad)):
-        skip = _skippable(req)
+        skip = skippable(req)
         least = AMX_BF16_MIN_SKIPPABLE if amx_kernel else TILES_BF16_MIN_SKIPPABLE
         if skip < least:
             return "sdpa", (f"bf16 inference with a mask that leaves {skip:.0%} of the tiles empty (the compiled "
@@ -174,6 +182,41 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
             return name, "the only exact backend that honours this request"
     raise ValueError("no exact backend can compute this request: "
                      + "; ".join(f"{b.name}: {why}" for b, why in _candidates(req) if why))
+
+
+def _tuned(req: AttentionRequest, plain: bool) -> Optional[tuple[str, str]]:
+    """('native' | 'sdpa', why) from this machine's profile (``attnlab tune``; functional/profile.py) for a
+    plain request, or a mask without a bias, where the profile measured one of the kind: same dtype, head
+    dims on the same kernel path as the profile's, above SMALL_PROBLEM scores (below it SDPA is fixed)."""
+    prof = current_profile()
+    dtype = _DTYPE_NAMES.get(req.q.dtype)
+    D, Dv, LS = req.shape.D, req.shape.Dv, req.shape.L * req.shape.S
+    if prof is None or dtype is None or LS <= SMALL_PROBLEM or _path(D, Dv) != _path(prof.D, prof.D):
+        return None
+    if plain:
+        return prof.plain_choice(dtype, req.is_causal_only, req.needs_grad, math.sqrt(LS))
+    return prof.masked_choice(dtype, req.needs_grad, skippable(req))
+
+
+def _path(D: int, Dv: int) -> tuple[bool, bool]:
+    """Which of the compiled kernel's paths head dims D, Dv take: (AVX-512 tiles, AMX tiles)."""
+    return on_tiles(D, Dv), on_amx(D, Dv)
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def _rule_source(reason: str) -> str:
+    """The line ``explain()`` adds to say where auto's choice came from: this machine's profile or the
+    built-in rules of its CPU class (whose figures name the CPU they were measured on)."""
+    prof = current_profile()
+    if prof is not None and prof.source() in reason:
+        return "rule source: " + prof.source()
+    line = (f"rule source: the built-in rules for CPU class {cpu_class()!r} (each figure names the CPU it was "
+            "measured on)")
+    if prof is None:
+        return line + "; no profile for this machine (`attnlab tune` measures one)"
+    return line + f"; {prof.source()} has no measurement for this request's kind"
 
 
 def _plain_native(req: AttentionRequest) -> Optional[str]:
@@ -321,6 +364,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
         lines.append(f"{named} (named) -> " + (f"cannot compute this request: {cannot}" if cannot else
                                                f"runs: {b.summary}" + ("" if b.exact else " (approximate)")))
     lines.append(f"auto -> {name}: {reason}")
+    lines.append(_rule_source(reason))
     for b, why in _candidates(req):
         if b.name == name:
             continue

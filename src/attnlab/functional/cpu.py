@@ -19,10 +19,11 @@ Example::
 from __future__ import annotations
 
 import functools
+import platform
 
 import torch
 
-__all__ = ["cpu_class", "cpu_features", "CPU_CLASSES"]
+__all__ = ["cpu_class", "cpu_features", "cpu_model", "CPU_CLASSES"]
 
 #: every class ``cpu_class`` can answer, most capable first
 CPU_CLASSES = ("amx", "avx512_bf16", "avx512", "avx2", "other")
@@ -60,3 +61,16 @@ def cpu_class() -> str:
         if f[name if name != "amx" else "amx_bf16"]:
             return name
     return "other"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's "model name" from /proc/cpuinfo, or platform's guess elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
