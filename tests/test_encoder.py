@@ -10,6 +10,7 @@ from attnlab import available_backends
 from attnlab.functional.registry import get_backend
 from attnlab.models.encoder import Encoder, EncoderConfig, mean_pool
 from attnlab.models.minilm import WordPieceTokenizer, checkpoint_to_encoder_name, minilm_path
+from attnlab.nn import set_backend
 
 EXACT_BACKENDS = [b for b in available_backends() if get_backend(b).exact]
 
@@ -77,9 +78,9 @@ def _run(model, backend, batch):
     cap: list = []
     try:
         with torch.no_grad():
-            h = model.set_backend(backend)(*batch[:2], token_type_ids=batch[2], capture=cap)
+            h = set_backend(model, backend)(*batch[:2], token_type_ids=batch[2], capture=cap)
     finally:
-        model.set_backend("auto")
+        set_backend(model, "auto")
     return h, cap
 
 
@@ -196,7 +197,7 @@ def test_bidirectional_later_token_changes_earlier_outputs(tiny):
 
 @pytest.mark.parametrize("backend", EXACT_BACKENDS)
 def test_padding_does_not_change_real_tokens(tiny, backend):
-    tiny.set_backend(backend)
+    set_backend(tiny, backend)
     ids = _ids(B=2, L=7)
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
     with torch.no_grad():

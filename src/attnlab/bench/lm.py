@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.gpt import GPT, GPTConfig
+from ..nn.backend import set_backend
 from .lm_nanogpt import NanoGPT, copy_from_attnlab
 from .lm_overheads import cpu_timed, decode_step_fns, overheads
 from .lm_report import NANOGPT, format_lm
@@ -102,7 +103,7 @@ def _training_models(cfg: LMBenchConfig, gpt: GPT) -> dict[str, torch.nn.Module]
     """Every training contestant, all holding ``gpt``'s initial weights."""
     models: dict[str, torch.nn.Module] = {NANOGPT: copy_from_attnlab(NanoGPT.like(gpt.cfg), gpt)}
     for b in cfg.backends:
-        models[f"attnlab GPT ({b})"] = copy.deepcopy(gpt).with_backend(b)
+        models[f"attnlab GPT ({b})"] = set_backend(copy.deepcopy(gpt), b)
     if cfg.diagnose:
         models["nanoGPT, separate q/k/v"] = copy_from_attnlab(NanoGPT.like(gpt.cfg, qkv="separate"), gpt)
         models["nanoGPT, attnlab.attention()"] = copy_from_attnlab(NanoGPT.like(gpt.cfg, attend="attnlab"), gpt)

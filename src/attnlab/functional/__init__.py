@@ -19,10 +19,11 @@ from .backends.linear_recurrent import LinearAttentionState, absorb, step
 from .backends.sparse import SparseStats, sparse_attention
 from .bias import FunctionBias, StructuredBias
 from .registry import available_backends, get_backend, register_backend
+from .scope import current_backend, use_backend
 from .ring import ring_attention  # context parallel over torch.distributed; shard/unshard in .ring_layout
 
 __all__ = ["attention", "explain", "available_backends", "get_backend", "register_backend",
-           "choose_backend", "masks", "StructuredBias", "FunctionBias",
+           "choose_backend", "use_backend", "current_backend", "masks", "StructuredBias", "FunctionBias",
            # approximate (linear) attention and its recurrent form; the sparse kernel with its counter
            "linear_attention", "favor_attention", "FavorFeatures", "EluFeatures",
            "LinearAttentionState", "absorb", "step", "sparse_attention", "SparseStats",

@@ -22,6 +22,7 @@ from .patterns import BlockLayoutMask
 from .masks import parts as mask_parts
 from .registry import Backend, all_backends, get_backend
 from .request import AttentionRequest, make_request
+from .scope import current_backend
 
 __all__ = ["attention", "explain", "choose_backend", "skippable"]
 
@@ -311,7 +312,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
             ``StructuredBias`` computed per tile.
         scale: multiplies q k^T; default 1 / sqrt(D).
         dropout_p: probability of dropping a weight (pass 0 at inference).
-        backend: "auto" or a name from ``available_backends()``.
+        backend: "auto" or a name from ``available_backends()``; "auto" inside ``with use_backend(name)``
+            means that scope's backend.
         return_weights: also return the softmax weights (B, H, L, S) (before dropout).
         softcap: cap the scores as softcap * tanh(scale * q k^T / softcap) (Gemma 2) before the
             bias and the mask are applied; None = no capping. Not on sdpa, linear or favor.
@@ -322,6 +324,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
         out = attention(q, k, v, causal=True)                      # (2, 8, 128, 64)
         out, w = attention(q, k, v, mask=masks.window(16, 0), return_weights=True)
     """
+    if backend == "auto":
+        backend = current_backend()                      # use_backend's choice, if a scope made one
     causal_mask = type(mask) is CausalMask                # masks.causal(), as nn modules pass it
     if (backend == "auto" and (mask is None or causal_mask) and bias is None and softcap is None
             and return_weights is False and type(dropout_p) in (float, int) and dropout_p == 0
@@ -352,6 +356,8 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
         why = explain(q, k, v, backend="reference")           # 'reference (named) -> runs: ...'
     """
     named = kwargs.pop("backend", "auto")
+    scoped = named == "auto" and current_backend() != "auto"
+    named = current_backend() if named == "auto" else named
     req = make_request(q, k, v, **kwargs)
     name, reason = _auto(req)
     B, H, Hkv, L, S, D, Dv = req.shape
@@ -361,7 +367,8 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
     if named != "auto":
         b = get_backend(named)
         cannot = b.unsupported(req)
-        lines.append(f"{named} (named) -> " + (f"cannot compute this request: {cannot}" if cannot else
+        how = "use_backend scope" if scoped else "named"
+        lines.append(f"{named} ({how}) -> " + (f"cannot compute this request: {cannot}" if cannot else
                                                f"runs: {b.summary}" + ("" if b.exact else " (approximate)")))
     lines.append(f"auto -> {name}: {reason}")
     lines.append(_rule_source(reason))

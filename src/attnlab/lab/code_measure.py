@@ -33,6 +33,7 @@ import torch
 
 from ..data.code_analysis import (bracket_pairs, body_parses, cut_body, def_use_pairs, function_prompts,
                                   shift_left)
+from ..nn.backend import set_backend
 from ..tasks.code import encode_with_offsets
 
 __all__ = ["DISTANCE_BINS", "distance_bin", "file_windows", "attention_weights", "attention_stats", "head_summary",
@@ -95,12 +96,12 @@ def attention_weights(model, ids: list) -> np.ndarray:
     (B, layers, H, L, L)."""
     model.eval()
     backend = model.cfg.backend
-    model.with_backend("reference")
+    set_backend(model, "reference")
     try:
         capture: list = []
         model(torch.tensor(ids), capture=capture)
     finally:
-        model.with_backend(backend)
+        set_backend(model, backend)
     return torch.stack([c.weights for c in capture], 1).float().numpy()
 
 

@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..functional.registry import get_backend
 from ..nn import BlockConfig
+from ..nn.backend import deprecated_backend_alias
 from ..nn.blocks import Encoder as BlockStack
 from ..presets import from_preset, upgrade_keys
 from .gpt import GPT
@@ -160,13 +161,8 @@ class Encoder(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def set_backend(self, name: str) -> "Encoder":
-        """Run every layer's attention on backend ``name`` ("auto" or an available backend)."""
-        if name != "auto":
-            get_backend(name)
-        self.cfg = replace(self.cfg, backend=name)
-        for layer in self.layers:
-            layer.self_attn.cfg = replace(layer.self_attn.cfg, backend=name)
-        return self
+        """Deprecated: ``attnlab.nn.set_backend(model, name)``."""
+        return deprecated_backend_alias(self, name, "Encoder.set_backend")
 
     # -- the encoder ------------------------------------------------------------------------------
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,

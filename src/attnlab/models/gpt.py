@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Iterator, Optional
 
 import torch
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn import BlockConfig, TransformerBlock
+from ..nn.backend import deprecated_backend_alias
 from ..nn.blocks import make_norm
 from ..positional import LearnedEncoding, SinusoidalEncoding
 from ..presets import from_preset, upgrade_keys
@@ -219,8 +220,5 @@ class GPT(nn.Module):
         return torch.cat([idx, torch.stack(new, 1)], 1) if new else idx
 
     def with_backend(self, backend: str) -> "GPT":
-        """Point every attention layer at another backend (same weights)."""
-        self.cfg = replace(self.cfg, backend=backend)
-        for b in self.blocks:
-            b.self_attn.cfg = replace(b.self_attn.cfg, backend=backend)
-        return self
+        """Deprecated: ``attnlab.nn.set_backend(model, backend)`` (validated, every layer)."""
+        return deprecated_backend_alias(self, backend, "GPT.with_backend")

@@ -10,8 +10,10 @@ from .attention import AttentionConfig, Intermediates, MultiHeadAttention
 from .kv_cache import KVCache
 from .blocks import MLP, BlockConfig, Decoder, Encoder, TransformerBlock
 from .axial import AxialAttention, AxialAttentionConfig, AxialIntermediates
+from .backend import set_backend
 from .rnn import RNNS, ElmanRNN, GRUBaseline, LSTMBaseline, RNNConfig, make_rnn
 
 __all__ = ["MultiheadAttention", "AttentionConfig", "Intermediates", "MultiHeadAttention", "KVCache", "MLP",
            "BlockConfig", "Decoder", "Encoder", "TransformerBlock", "AxialAttention", "AxialAttentionConfig",
-           "AxialIntermediates", "RNNS", "ElmanRNN", "GRUBaseline", "LSTMBaseline", "RNNConfig", "make_rnn"]
+           "AxialIntermediates", "set_backend", "RNNS", "ElmanRNN", "GRUBaseline", "LSTMBaseline", "RNNConfig",
+           "make_rnn"]
