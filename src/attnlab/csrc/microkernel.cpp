@@ -2,6 +2,7 @@
 // bfloat16, as one register-blocked micro-kernel (6 rows x 4 vectors of 16 lanes = 24 accumulators).
 //
 // Why not MKL here: cblas_gemm_bf16bf16f32 (and oneDNN's brgemm without AMX) ran at about fp32
+// on the AMD Zen 4 (no AMX)
 // speed on these tile shapes (64..256 rows, D = 64), and sgemm_ re-packs K for every query tile
 // (~15% of the fp32 forward in a profile). vdpbf16ps does 32 multiply-adds per 512-bit vector --
 // twice fp32's FMA -- when its operands hold "pairs": two bfloat16 adjacent along the reduction

@@ -27,11 +27,12 @@ from .scope import current_backend
 __all__ = ["attention", "explain", "choose_backend", "skippable"]
 
 # Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
-# than skipping saves, and SDPA with the dense mask is faster (measured, B=1 H=8 D=64: causal &
-# padding n=512 0.87x, n=1024 1.24x; window(128, 0) n=256 0.50x, n=512 1.16x; docs/benchmarks.md).
+# than skipping saves, and SDPA with the dense mask is faster. The crossover was measured on the AMD Zen 4
+# by a script that is not in the repository (docs/benchmarks.md): a threshold, not a quoted figure.
 SMALL_PROBLEM = 512 * 512
 # Plain requests (no mask, or causal with L == S) -- the auto grids of docs/benchmarks.md ("auto against
-# the fastest exact backend", B=1 H=8 D=64, idle machine):
+# the fastest exact backend", B=1 H=8 D=64, the idle AMD Zen 4, 2 threads; commands in
+# docs/benchmarks.md "Issue #14, second/third round"):
 # * fp32 and bf16 with D and Dv multiples of 16, where the compiled kernel runs its AVX-512
 #   micro-kernel (csrc/microkernel.cpp): it beat SDPA's flash kernel forward and backward, with and
 #   without a causal mask, at every n above 512^2 (TILES_MEASURED: the "one table" of n = 1024-16384,
@@ -40,13 +41,13 @@ SMALL_PROBLEM = 512 * 512
 #   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
 # * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
 #   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
-# * bf16 (MKL's bf16 GEMM, no faster than fp32 here): the compiled kernel's forward wins only on
+# * bf16 (MKL's bf16 GEMM, no faster than fp32 on the Zen 4): the compiled kernel's forward wins only on
 #   causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x at 8192); without a mask, and with gradients,
 #   SDPA (native 0.75-0.96x).
 NATIVE_TRAIN_FROM = 4096 * 4096
 BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-# Every ratio above was measured on one CPU class, and a rule measured on one class can be wrong by 4x on
+# Every ratio above was measured on one CPU class, and a rule measured on one class can be wrong several-fold on
 # another (issue #27): each figure auto quotes names the CPU it was measured on.
 ZEN4 = "AMD Zen 4, AVX512-BF16 without AMX, 2 threads"
 XEON_AMX = "Intel Xeon with AMX, 2 threads"
@@ -88,9 +89,9 @@ TILES_BF16_MIN_SKIPPABLE = 0.6
 MIN_SKIPPABLE = 0.25
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
 # in the sparse backend, which batches all its blocks, than in tiled, which walks them one span at a
-# time (CPU time, 1 thread, B=1 H=8 D=64 fp32: forward n=4096 1.04-1.07x tiled's speed; n=8192
-# bigbird(64, 3) 1.19x, 5%-dense block_sparse 1.72x; forward+backward n=8192 1.18x and 1.53x).
-# On bands (window, dilated, global_window) tiled was faster (sparse at 0.57-0.76x): not picked.
+# time. Measured on the AMD Zen 4 (1 thread) by a script that is not in the repository, so no figure
+# is quoted (docs/benchmarks.md, "Issue #4"). On bands (window, dilated, global_window) tiled was
+# faster there: not picked.
 SPARSE_FROM = 8192 * 8192
 
 
@@ -142,7 +143,7 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
             and any(isinstance(p, BlockLayoutMask) for p in mask_parts(req.mask))):
         return "sparse", (f"a block layout ({req.mask!r}) at L*S = {L * S} >= {SPARSE_FROM}: its scattered "
                           f"blocks are faster gathered into one batched matmul than walked tile by tile "
-                          f"(measured 1.2-1.7x tiled at n=8192)")
+                          f"(an AMD Zen 4 measurement whose command was not recorded)")
     masked_only = sdpa_ok and "native" in runnable and req.bias is None and not elementwise
     tuned = _tuned(req, plain=False) if masked_only else None
     if tuned is not None:
@@ -169,7 +170,8 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
                     f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
                     f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
                     f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})" if amx_bf16 else
-                    f"measured 1.5-1.8x FlexAttention on windows, documents and ALiBi at n = 8192 ({ZEN4})")
+                    f"measured 1.85-1.90x FlexAttention's fp32 forward on a W = 256 window, 8 documents and ALiBi "
+                    f"at n = 8192 ({ZEN4}; docs/benchmarks.md, 'Issue #14, third round')")
         return "native", ("a mask or bias is involved: SDPA would compute every pair and need the dense (L, S) "
                           "mask in memory; the compiled kernel visits only the keys each row may attend, reads "
                           f"structured biases from O(n) tables and keeps O(L + S) memory ({measured}: "
@@ -381,7 +383,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
                  req.bias is not None else " (its math path here materializes the (B, H, L, S) scores)")
                 if b.name == "sdpa" else
                 " (materializes the (B, H, L, S) scores)" if b.name == "reference" else
-                " (measured faster than tiled only on scattered block layouts from n = 8192)"
+                " (picked only for scattered block layouts from n = 8192, a rule from an unrecorded measurement)"
                 if b.name == "sparse" else
                 " (auto prefers it only on CUDA with a mask or bias; rule not yet measured on a GPU)"
                 if b.name == "triton" else "")

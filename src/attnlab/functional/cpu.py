@@ -4,8 +4,9 @@ measured on one class can be wrong by 4x on another (issue #27).
 The project's machines come in two x86-64 classes, and a user's may be a third:
 
 * ``amx``: AMX tiles for bf16 (``amx_bf16``, ``amx_tile``; Intel Xeon from Sapphire Rapids on).
-  torch's CPU flash attention runs its bf16 products on them (oneDNN's brgemm), ~5x the bf16
-  GEMM peak of AVX512-BF16 on the same cores (~2,100 vs ~420 GFLOP/s on 2 cores).
+  torch's CPU flash attention runs its bf16 products on them (oneDNN's brgemm), with a bf16
+  GEMM peak the bench measured at 663-1,897 GFLOP/s on the project's 2-core Xeon with AMX, against
+  409-427 on its 2-core AMD Zen 4 with AVX512-BF16 (docs/benchmarks.md).
 * ``avx512_bf16``: AVX-512 with BF16 dot products, no AMX (AMD Zen 4). The compiled kernel's
   micro-kernel (``vdpbf16ps``) is the fastest bf16 path there.
 * ``avx512``, ``avx2``, ``other``: older or other CPUs; no rule was measured on them, and ``auto``

@@ -24,7 +24,7 @@ import torch
 __all__ = ["device_memory", "nbytes", "check_fits_in_memory", "check_weights_fit"]
 
 
-#: below this many bytes nothing is refused, and no call pays for reading /proc/meminfo (~25 us here)
+#: below this many bytes nothing is refused, and no call pays for reading /proc/meminfo (a file read per call)
 ALWAYS_FITS = 2 ** 28
 
 

@@ -74,7 +74,8 @@ def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
 
     It needs a build on a CPU with AVX512-BF16 and D, Dv and the key chunk multiples of 16: the
     kernel's own test (``uses_tiles``), asked, not restated. bfloat16 gains most: MKL's bf16 GEMM is
-    no faster than fp32 on this machine, the micro-kernel's ``vdpbf16ps`` twice as fast.
+    no faster than fp32 on the AMD Zen 4 (docs/benchmarks.md, issue #14), the micro-kernel's ``vdpbf16ps``
+    twice as fast.
 
     >>> on_tiles(64, 64), on_tiles(40, 64), on_tiles(64, 64, tile_k=120)   # on an AVX512-BF16 build
     (True, False, False)

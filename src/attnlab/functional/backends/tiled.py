@@ -10,8 +10,9 @@ GQA/MQA costs nothing extra: the G = H / Hkv query heads that share a kv head ar
 the row axis, so one (G * rows, D) x (D, keys) matmul serves the whole group.
 
 Scores are kept in base 2 (each query tile is scaled by scale * log2(e) as it is read, the bias
-added times log2(e)) so that the kernel can use exp2, which is about 3x faster than exp on this
-CPU at the same accuracy (1 ulp); the saved log-sum-exp is in log2 units too (lse2 = lse / ln 2).
+added times log2(e)) so that the kernel can use exp2, at the same accuracy (1 ulp; whether it is
+faster than exp depends on the CPU: docs/benchmarks.md has the two timeit lines); the saved
+log-sum-exp is in log2 units too (lse2 = lse / ln 2).
 
 Empty tiles of a structured mask are never visited, full ones get no masking work. Additive
 bias tensors (with gradient) and structured biases (``StructuredBias``, computed per tile, with

@@ -131,8 +131,9 @@ class TiledProblem:
 
         In the accumulation dtype when a bias is added; otherwise in the input dtype (a
         low-precision s is widened by the subtraction that follows: one pass fewer). The mask is
-        applied as an additive 0 / -inf block: a broadcast add is ~10x faster than a broadcast
-        masked_fill here (and than folding the block into the matmul as baddbmm's C operand).
+        applied as an additive 0 / -inf block: a broadcast add was faster than a broadcast
+        masked_fill on the AMD Zen 4 (and than folding the block into the matmul as baddbmm's C operand;
+        command not recorded).
         """
         B, Hkv, G, L, S, _, _ = self.dims
         kt = self.cols(self.k4, bs, sp).transpose(1, 2)                     # (Bg*Hkv, D, lc)

@@ -50,8 +50,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 MAX_GRID_Y = 65535           # the kernels launch one program per (tile, b * h): b * h on grid axis 1
 # Tile tables of value-described masks (none, causal, windows) by shape: a model calls attention
-# with the same mask in every layer and step; rebuilding the tables would cost ~1 ms per call at
-# n = 8192 on the host (tens of ms at 64k), comparable to the kernel itself.
+# with the same mask in every layer and step; rebuilding the tables is host work that grows with n
+# and, at long n, is comparable to the kernel itself.
 PLAN_CACHE_SIZE = 64
 _PLAN_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
 
@@ -75,7 +75,7 @@ def _interpreted() -> bool:
 
 @functools.cache
 def _triton_installed() -> bool:
-    # Asked on every auto dispatch: the import system's search costs ~150 us, more than a small
+    # Asked on every auto dispatch: the import system's search can cost more than a small
     # attention call; packages do not appear in a running process, so the answer is kept.
     return importlib.util.find_spec("triton") is not None
 
