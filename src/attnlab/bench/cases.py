@@ -21,9 +21,10 @@ from torch import Tensor
 
 from .. import masks
 from ..functional.bias import FunctionBias
+from ..positional.alibi import alibi_slopes
 
 __all__ = ["MASK_KINDS", "MODES", "DTYPES", "Case", "make_inputs", "padding_lengths", "document_ids",
-           "alibi_slopes", "attnlab_mask", "dense_mask", "sdpa_kwargs", "flex_mods", "allowed_pairs",
+           "attnlab_mask", "dense_mask", "sdpa_kwargs", "flex_mods", "allowed_pairs",
            "useful_flops"]
 
 # What each mask kind means; printed under the table and stored in the JSON metadata.
@@ -92,12 +93,6 @@ def document_ids(case: Case) -> Tensor:
     return torch.arange(case.n) * case.docs // case.n
 
 
-def alibi_slopes(case: Case) -> Tensor:
-    """(H,) slopes 2^(-8h/H) for h = 1..H, as in the ALiBi paper (Press et al. 2022)."""
-    H = case.heads
-    return 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=torch.float32) / H)
-
-
 def _alibi_tile(i: Tensor, j: Tensor, s: Tensor) -> Tensor:
     return -s.view(-1, 1, 1) * (i - j).abs()                 # (H, lr, lc)
 
@@ -116,7 +111,7 @@ def attnlab_mask(case: Case):
     if kind == "documents":
         return masks.documents(document_ids(case)), None
     if kind == "alibi":
-        bias = FunctionBias(_alibi_tile, alibi_slopes(case))
+        bias = FunctionBias(_alibi_tile, alibi_slopes(case.heads).float())   # the library's slopes, any H
         bias.relative = True          # a function of (h, j - i) only: native reads it as a per-offset table
         return masks.causal(), bias
     raise ValueError(f"unknown mask kind {kind!r}; choose from {list(MASK_KINDS)}")
@@ -172,7 +167,7 @@ def flex_mods(case: Case) -> tuple[Optional[Callable], Optional[Callable]]:
         raise ValueError(f"unknown mask kind {kind!r}; choose from {list(MASK_KINDS)}")
     score_mod = None
     if kind == "alibi":
-        slopes = alibi_slopes(case)
+        slopes = alibi_slopes(case.heads).float()
 
         def score_mod(score, b, h, q_idx, kv_idx):
             # flex applies score_mod to the already-scaled score, as attnlab adds its bias

@@ -31,7 +31,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .cases import MASK_KINDS, Case, alibi_slopes, attnlab_mask, document_ids, flex_mods, sdpa_kwargs, useful_flops
+from ..positional.alibi import alibi_slopes
+from .cases import MASK_KINDS, Case, attnlab_mask, document_ids, flex_mods, sdpa_kwargs, useful_flops
 from .machine import machine_info
 
 __all__ = ["GpuBenchConfig", "GPU_QUICK", "GPU_KINDS", "CONTESTANTS", "gpu_cases", "run_gpu_bench",
@@ -105,7 +106,7 @@ def _flex_mods(case: Case, device):
         return (lambda b, h, q, kv: ids[q] == ids[kv]), None
     mask_mod, score_mod = flex_mods(case)
     if case.mask == "alibi":
-        slopes = alibi_slopes(case).to(device)
+        slopes = alibi_slopes(case.heads).float().to(device)
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score - slopes[h] * (q_idx - kv_idx).abs()
@@ -119,7 +120,7 @@ def _make_step(name: str, case: Case, q, k, v) -> Callable[[], object]:
         mask, bias = attnlab_mask(case)
         if case.mask == "alibi":
             from ..positional.alibi import AlibiBias
-            bias = AlibiBias(alibi_slopes(case).to(q.device))
+            bias = AlibiBias(alibi_slopes(case.heads).float().to(q.device))
         fwd = lambda: attention(q, k, v, mask=mask, bias=bias, backend="triton")
     elif name == "sdpa":
         from torch.nn.attention import SDPBackend, sdpa_kernel
