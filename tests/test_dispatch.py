@@ -19,7 +19,8 @@ def qkv(B=2, H=3, L=32, S=32, D=16, dtype=torch.float32, Hkv=None, Dv=None):
 
 
 PLAIN = [dict(), dict(L=128, S=128), dict(L=1, S=16), dict(L=512, S=512), dict(L=7, S=40),
-         dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(B=1, H=1, D=1)]
+         dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(B=1, H=1, D=1),
+         dict(S=15), dict(L=8, S=8), dict(L=3, S=3, dtype=torch.float64)]     # few keys, finite: a check, then SDPA
 
 
 @pytest.mark.parametrize("shape", PLAIN, ids=str)
@@ -27,7 +28,7 @@ PLAIN = [dict(), dict(L=128, S=128), dict(L=1, S=16), dict(L=512, S=512), dict(L
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_shortcut_is_autos_sdpa_bit_for_bit(shape, causal, scale):
     q, k, v = qkv(**shape)
-    causal = causal and q.shape[2] == k.shape[2]
+    causal = causal and q.shape[2] in (1, k.shape[2])          # bottom-right causal at L == 1 masks nothing
     assert api._plain_small(q, k, v, causal, scale)
     assert api._auto(make_request(q, k, v, causal=causal, scale=scale))[0] == "sdpa"
     got = al.attention(q, k, v, causal=causal, scale=scale)
@@ -67,7 +68,6 @@ def test_shortcut_keeps_gradients():
 OTHERS = {
     "GQA": (dict(H=4, Hkv=2), {}),
     "Dv != D": (dict(Dv=8), {}),
-    "few keys": (dict(S=15), {}),
     "large": (dict(L=513, S=512), {}),
     "causal L != S": (dict(L=16, S=32), dict(causal=True)),
     "float16": (dict(dtype=torch.float16), {}),
@@ -82,6 +82,24 @@ def test_other_requests_take_the_full_path(name):
     shape, kw = OTHERS[name]
     q, k, v = qkv(**shape)
     assert not api._plain_small(q, k, v, kw.get("causal", False), kw.get("scale"))
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_few_keys_with_a_nan_take_the_full_path_and_give_nan(where):
+    q, k, v = qkv(L=8, S=8)
+    (q if where == "q" else k)[0, 1, 2, 3] = float("nan")
+    assert not api._plain_small(q, k, v, True, None)
+    out = al.attention(q, k, v, causal=True)
+    want = al.attention(q.double(), k.double(), v.double(), causal=True, backend="reference")
+    torch.testing.assert_close(out, want.float(), equal_nan=True)
+    assert out.isnan().any()
+
+
+def test_a_decode_step_takes_the_shortcut_unmasked(monkeypatch):
+    q, k, v = qkv(B=1, H=4, L=1, S=256, D=32)
+    want = al.attention(q, k, v, causal=True, backend="reference")
+    monkeypatch.setattr(api, "make_request", lambda *a, **kw: pytest.fail("the full path ran"))
+    torch.testing.assert_close(al.attention(q, k, v, causal=True), want)
 
 
 def test_transposed_and_subclass_inputs_take_the_full_path():

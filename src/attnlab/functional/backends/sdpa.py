@@ -32,13 +32,15 @@ from .reference import accum_dtype, attention_probs, dense_bias, reference_atten
 
 # NaN in -> NaN out as on every exact backend (tests/test_nan_agreement.py). Below this many keys torch's CPU
 # flash kernel (2.13) returns 0, not NaN, for a query row holding a NaN (its short-row path drops the NaN from
-# the max; float64 from 8 keys): the reference formula runs there instead (a few keys: cheap). And SDPA adds
-# an attn_mask as 0 / -inf, so a NaN score at a masked key leaks into its row (NaN + -inf = NaN): with a mask
-# or bias and a NaN/inf in q or k (one O((L + S) D) check), the reference runs too.
+# the max; float64 from 8 keys): below it a plain request (no mask or bias but causal with L == S, no dropout)
+# still runs SDPA after one O((L + S) D) check that q and k are finite -- the check, not the whole reference
+# formula, is what a decode step pays (issue #29) -- and anything else there runs the reference formula (a
+# few keys: cheap). And SDPA adds an attn_mask as 0 / -inf, so a NaN score at a masked key leaks into its row
+# (NaN + -inf = NaN): with a mask or bias and a NaN/inf in q or k (the same check), the reference runs too.
 NAN_SAFE_S = 16
 
 
-def _finite(q: Tensor, k: Tensor) -> bool:
+def finite(q: Tensor, k: Tensor) -> bool:
     """True when q and k hold no NaN/inf, or cannot be looked at: meta tensors (no data), vmap's batched
     tensors and torch.compile's graphs (no data-dependent branching there: SDPA runs, as before the check
     existed, and a NaN at a masked key may reach its row)."""
@@ -135,7 +137,10 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     S = k.shape[2]
     is_causal = isinstance(mask, CausalMask) and L == S and bias is None
     _check_memory(q, k, v, mask, bias, dropout_p, return_weights, is_causal)
-    if S < NAN_SAFE_S or (not is_causal and (mask is not None or bias is not None) and not _finite(q, k)):
+    plain = is_causal or (mask is None and bias is None)
+    if S < NAN_SAFE_S:
+        short_safe = plain and dropout_p == 0.0 and finite(q, k)
+    if (S < NAN_SAFE_S and not short_safe) or (not plain and not finite(q, k)):
         return reference_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p,
                                    dropout_seed=dropout_seed, return_weights=return_weights)
     attn_mask = None
