@@ -20,7 +20,8 @@ def qkv(B=2, H=3, L=32, S=32, D=16, dtype=torch.float32, Hkv=None, Dv=None):
 
 PLAIN = [dict(), dict(L=128, S=128), dict(L=1, S=16), dict(L=512, S=512), dict(L=7, S=40),
          dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(B=1, H=1, D=1),
-         dict(S=15), dict(L=8, S=8), dict(L=3, S=3, dtype=torch.float64)]     # few keys, finite: a check, then SDPA
+         dict(S=15), dict(L=8, S=8), dict(L=3, S=3, dtype=torch.float64),   # few keys, finite: a check, then SDPA
+         dict(H=4, Hkv=2), dict(B=1, H=8, Hkv=1, L=1, S=64)]                   # GQA, MQA decode
 
 
 @pytest.mark.parametrize("shape", PLAIN, ids=str)
@@ -66,7 +67,7 @@ def test_shortcut_keeps_gradients():
 
 
 OTHERS = {
-    "GQA": (dict(H=4, Hkv=2), {}),
+    "heads not a multiple of kv heads": (dict(H=3, Hkv=2), {}),
     "Dv != D": (dict(Dv=8), {}),
     "large": (dict(L=513, S=512), {}),
     "causal L != S": (dict(L=16, S=32), dict(causal=True)),

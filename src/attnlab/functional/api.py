@@ -262,17 +262,18 @@ def _amx_note(req: AttentionRequest) -> str:
 def _plain_small(q, k, v, causal, scale) -> bool:
     """Is this a request ``make_request`` would accept and ``_auto`` send to SDPA's flash kernel, with
     nothing for attnlab to add (no mask but causal with L == S, or with L == 1, where it masks nothing; no
-    bias, dropout or GQA; q and k finite below NAN_SAFE_S keys; at most SMALL_PROBLEM scores per head)? Then
+    bias or dropout (GQA is SDPA's enable_gqa); q and k finite below NAN_SAFE_S keys; at most SMALL_PROBLEM
+    scores per head)? Then
     ``attention`` calls SDPA directly: validating and choosing through the request costs as much as the whole
     attention of a 128-token head (tests/test_dispatch.py keeps this predicate and ``_auto`` in step)."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
             and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
         return False
     B, H, L, D = q.shape
-    S = k.shape[2]
+    Hkv, S = k.shape[1], k.shape[2]
     return (q.dtype in _PLAIN_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
             and q.is_cpu and k.is_cpu and v.is_cpu
-            and k.shape == v.shape == (B, H, S, D) and D > 0 and L > 0
+            and k.shape == v.shape == (B, Hkv, S, D) and Hkv > 0 and H % Hkv == 0 and D > 0 and L > 0
             and S > 0 and L * S <= SMALL_PROBLEM
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
             and (causal is False or (causal is True and (L == S or L == 1)))
@@ -335,8 +336,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
             and type(causal) is bool and _plain_small(q, k, v, causal or causal_mask, scale)):
         # auto's own pick, called as the sdpa backend calls it, without building the request
         is_causal = (causal is True or causal_mask) and q.shape[2] == k.shape[2]   # L == 1 < S: nothing masked
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-                                              scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        if q.shape[1] != k.shape[1]:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     req = make_request(q, k, v, mask=mask, causal=causal, bias=bias, scale=scale, dropout_p=dropout_p,
                        return_weights=return_weights, softcap=softcap)
     chosen = choose_backend(req, backend)
