@@ -157,7 +157,7 @@ def test_readalong_runs_only_fixed_programs(client):
         r = client.post(f"/lesson/api/readalong/{name}", json={})
         assert r.status_code == 404 and "the programs are ['scaling', 'self-attention']" in r.json()["detail"], name
     assert client.post("/lesson/api/readalong/..%2Freadalong", json={}).status_code == 404
-    # a body is never read: code sent along is not run, the fixed program is
+    # a body is never run: code sent along is ignored, the fixed program runs (the body's cap: test_web_body_guard)
     r = client.post("/lesson/api/readalong/scaling", json={"code": "raise SystemExit('ran browser code')"})
     assert r.status_code == 200 and "1024" in r.json()["cells"][0]["output"] and r.json()["agree"] is None
     assert client.get("/lesson/api/readalong/scaling").status_code == 405

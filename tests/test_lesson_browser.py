@@ -1,8 +1,9 @@
 """The lesson page end to end: headless Debian Chromium (Python Playwright) opens /lesson, Pyodide starts in a Web
 Worker from this server, every cell's output is compared with the same code run by CPython here (and the 5×5 and
-d = 4 cells with attnlab's own numbers), a traceback is shown, Stop ends an infinite loop, the torch read-along
-agrees, and quiz answers survive a reload. Every request that does not go to 127.0.0.1 is aborted and recorded;
-none may be attempted.
+d = 4 cells with attnlab's own numbers), a traceback is shown (and the last run's drawing goes), Stop ends an
+infinite loop and only its own cell's run (printed lines stream in before it), editors fit their code, the torch
+read-along runs on its button only and agrees, and quiz answers survive a reload. Every request that does not go
+to 127.0.0.1 is aborted and recorded; none may be attempted.
 
 One browser session for the whole module (Pyodide loads once, plus once more after Stop). Chromium is the system's
 /usr/bin/chromium with the web-lab test's flags. Set ATTNLAB_LESSON_SCREENSHOT=docs/img/lesson.png to also save the
@@ -70,6 +71,8 @@ def page(server):
 
         context.route("**/*", local_only)
         context.on("request", lambda r: None if r.url.startswith((server + "/", "data:")) else attempted.append(r.url))
+        posts: list[str] = []
+        context.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
         pg = context.new_page()
         pg.set_default_timeout(TIMEOUT_MS)
         start = time.monotonic()
@@ -77,6 +80,7 @@ def page(server):
         pg.wait_for_selector("body[data-python='ready']", timeout=READY_MS)
         pg.ready_seconds = time.monotonic() - start      # reported by test_python_starts_offline
         pg.routed = routed
+        pg.posts = posts
         for cell in CELLS:
             _wait_runs(pg, cell, 1)
         yield pg
@@ -85,7 +89,12 @@ def page(server):
 
 
 def _wait_runs(page, cell: str, n: int) -> None:
-    page.wait_for_selector(f"#cell-{cell}[data-runs='{n}']:not([data-state='running'])", state="attached")
+    page.wait_for_selector(f"#cell-{cell}[data-runs='{n}']:not([data-state='running']):not([data-state='queued'])",
+                           state="attached")
+
+
+def _runs(page, cell: str) -> int:
+    return int(page.get_attribute(f"#cell-{cell}", "data-runs"))
 
 
 def _page_result(page, cell: str) -> tuple[str, dict]:
@@ -220,16 +229,65 @@ def test_error_shows_the_traceback(page):
     assert page.locator("#cell-attention .traceback").count() == 0
 
 
+def test_an_error_removes_the_last_drawing(page):
+    """A run that fails shows its traceback with no drawing of the run before it (the d = 4 table was left)."""
+    n = _runs(page, "positions")
+    assert page.locator("#cell-positions .viz table").count() > 0
+    page.fill("#code-positions", page.input_value("#code-positions") + "\n1 / 0\n")
+    page.click("#cell-positions button.run")
+    _wait_runs(page, "positions", n + 1)
+    assert page.get_attribute("#cell-positions", "data-state") == "error"
+    assert "ZeroDivisionError" in page.text_content("#cell-positions .traceback")
+    assert page.locator("#cell-positions .viz > *").count() == 0
+    page.click("#cell-positions button.reset")
+    page.click("#cell-positions button.run")
+    _wait_runs(page, "positions", n + 2)
+    assert page.locator("#cell-positions .viz table").count() > 0
+
+
+def test_editors_fit_their_code(page):
+    for cell in CELLS:                                  # each shipped cell whole, one spare row for the scrollbar
+        lines = page.input_value(f"#code-{cell}").rstrip("\n").count("\n") + 1
+        assert page.get_attribute(f"#code-{cell}", "rows") == str(lines + 1), cell
+    page.fill("#code-order", "while True:\n    pass\n")
+    assert page.get_attribute("#code-order", "rows") == "4"               # the minimum, not the shipped 53
+    page.fill("#code-order", "x = 1\n" * 200)
+    assert page.get_attribute("#code-order", "rows") == "60"              # the maximum: it scrolls inside
+    page.click("#cell-order button.reset")
+    assert page.get_attribute("#code-order", "rows") == "53"
+
+
 def test_stop_ends_an_infinite_loop(page):
-    page.fill("#code-order", "n = 0\nwhile True:\n    n += 1\n")
+    """Stop ends its own cell's run only: a queued cell stays queued (and says so) and runs on the fresh worker;
+    Stop on a queued cell takes it out of the queue and leaves the running one alone. What the loop printed before
+    spinning is on the page while it spins, and stays after the Stop; the last run's drawing goes."""
+    positions = _runs(page, "positions")
+    page.fill("#code-order", "print('before the loop')\nn = 0\nwhile True:\n    n += 1\n")
     page.click("#cell-order button.run")
     page.wait_for_selector("#cell-order[data-state='running'] button.stop:not([disabled])")
+    page.wait_for_selector("#cell-order .stdout:has-text('before the loop')", timeout=10_000)   # streamed
     time.sleep(1.0)                                   # it is really looping: the page stays responsive meanwhile
     assert page.get_attribute("#cell-order", "data-state") == "running"
+    page.click("#cell-positions button.run")          # behind the loop: queued, and it says so
+    page.wait_for_selector("#cell-positions[data-state='queued']", state="attached")
+    assert "queued" in page.text_content("#cell-positions .state")
+    page.click("#cell-positions button.stop")         # Stop on the queued cell: only it is stopped
+    _wait_runs(page, "positions", positions + 1)
+    assert page.get_attribute("#cell-positions", "data-state") == "stopped"
+    assert page.get_attribute("#cell-order", "data-state") == "running"
+    page.click("#cell-positions button.run")          # queued again; now Stop the loop
+    page.wait_for_selector("#cell-positions[data-state='queued']", state="attached")
     page.click("#cell-order button.stop")
     _wait_runs(page, "order", 2)
     assert page.get_attribute("#cell-order", "data-state") == "stopped"
     assert "Stopped" in page.text_content("#cell-order .stopped")
+    assert page.text_content("#cell-order .stdout") == "before the loop\n"
+    assert page.locator("#cell-order .viz > *").count() == 0          # no table of the last run under the Stop
+    assert page.get_attribute("#cell-positions", "data-state") in ("queued", "running")   # not ended with it
+    page.wait_for_selector("body[data-python='ready']", timeout=READY_MS)
+    _wait_runs(page, "positions", positions + 2)
+    assert page.get_attribute("#cell-positions", "data-state") == "done"
+    _matches_cpython(page, "positions")
     page.click("#cell-order button.reset")
     page.click("#cell-order button.run")              # waits for the fresh worker, then runs
     page.wait_for_selector("body[data-python='ready']", timeout=READY_MS)
@@ -239,7 +297,12 @@ def test_stop_ends_an_infinite_loop(page):
 
 
 def test_readalong_runs_the_shown_code_and_agrees(page):
-    page.wait_for_selector("#readalong-programs:not([data-runs='0'])", state="attached")
+    # the page says it runs when the button is pressed: nothing ran on load
+    assert page.get_attribute("#readalong-programs", "data-runs") == "0"
+    assert not [u for u in page.posts if "/lesson/api/readalong" in u], page.posts
+    assert set(page.locator("#readalong-programs pre.ra-out").all_text_contents()) == {"(not run yet)"}
+    page.click("#readalong-run")
+    page.wait_for_selector("#readalong-programs[data-runs='1']", state="attached")
     program = PROGRAMS["self-attention"]
     shown = page.locator("#readalong-self-attention pre.ra-code").all_text_contents()
     assert shown == [c.code for c in program.cells]

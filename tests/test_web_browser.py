@@ -156,7 +156,9 @@ def test_status_names_the_kernel_that_ran(page):
 
 def test_click_a_token_to_highlight_its_row(page):
     _show(page, "the dog bit the man")
-    page.wait_for_selector("#heatmap[data-cells='25']")
+    # the previous test left a 5-token map too ("the man bit the dog"): wait for this sentence's, or the pin
+    # would land on the old map and be cleared when the new tokens arrive
+    sync_api.expect(page.locator("#heatmap text.qlabel").nth(1)).to_have_text("dog", timeout=TIMEOUT_MS)
     page.click("#heatmap text.qlabel >> nth=2")                            # "bit"
     page.wait_for_selector("#heatmap text.qlabel.pinned")
     assert page.locator("#heatmap rect.cell.dim").count() == 20          # every row but "bit"'s dims
@@ -196,5 +198,29 @@ def test_narrow_window_does_not_overflow(page, server):
         if shot:
             out = Path(shot).with_name(Path(shot).stem + "-narrow.png")
             pg.screenshot(path=str(out), full_page=True)
+    finally:
+        pg.close()
+
+
+# -- issue #28: the lab opens on the README's head, not on layer 0 head 0 --
+def test_the_lab_opens_on_the_readme_example(page, server):
+    """README: `attnlab show --model minilm ... --layer 5 --head 4`; the lab opens there (a model without that head:
+    its last layer, head 0), and a freshly picked model opens on its own start view."""
+    first = next(m for m in list_models() if m["available"])
+    want = ("5", "4") if first["layers"] > 5 and first["heads"] > 4 else (str(first["layers"] - 1), "0")
+    if first["name"] == "minilm":
+        readme = (Path(__file__).parents[1] / "README.md").read_text()
+        assert "--model minilm" in readme and "--layer 5 --head 4" in readme and "layer 5, head 4" in readme
+    pg = page.context.browser.new_page(viewport={"width": 1280, "height": 1000})
+    try:
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.goto(server + "/")
+        pg.wait_for_selector("body[data-ready='1']")
+        assert pg.input_value("#model") == first["name"]
+        assert (pg.input_value("#layer"), pg.input_value("#head")) == want
+        pg.click("#run")
+        pg.wait_for_selector(f"#status:has-text('layer {want[0]} · head {want[1]} ·')", timeout=60_000)
+        pg.select_option("#model", "toy-encoder")                             # 2 layers x 4 heads: no head 5.4
+        assert (pg.input_value("#layer"), pg.input_value("#head")) == ("1", "0")
     finally:
         pg.close()

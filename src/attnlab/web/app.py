@@ -12,18 +12,19 @@
 Safety, because a browser tab on any site can reach 127.0.0.1: the server binds to 127.0.0.1
 only (``attnlab serve``); the Host header must be one of ``allowed_hosts`` (400 otherwise: a
 DNS-rebinding page arrives with its own host name); models are chosen by registered name, never
-by path; the request body and the text are capped (413); the page loads nothing from other
-origins (a Content-Security-Policy of 'self' says so to the browser). Every POST (a computation)
-must come from the lab's own page: an ``Origin`` other than ``http://<Host>`` or a cross-site
-``Sec-Fetch-Site`` is a 403, and a body that is not ``application/json`` a 415 (a cross-site form or
-text/plain POST needs no CORS preflight, so without this any page could drive the lab blind). At
-most ``max_computing`` POSTs are in flight; one more is a 429 with ``Retry-After``. The GET routes
-never wait for a computation (``list_models`` takes no lock), so the page stays responsive in a burst.
+by path; the text is capped (413); the page loads nothing from other origins (a
+Content-Security-Policy of 'self' says so to the browser). Every POST, the lab's and the lesson's,
+passes ``web.guard.PostGuard`` first: it must come from the lab's own page (an ``Origin`` other than
+``http://<Host>`` or a cross-site ``Sec-Fetch-Site`` is a 403, a body that is not ``application/json``
+a 415); at most ``max_computing`` POSTs hold a slot (one more is a 429 with ``Retry-After``); and its
+body is read whole before the route runs, capped in size (413) and in time (``body_timeout_s``, 408),
+so a slow sender cannot hold a slot. The GET routes never wait for a computation (``list_models``
+takes no lock), so the page stays responsive in a burst.
 
-Errors are ``{"detail": message}``: 403 another site's request, 404 unknown model, 413 text over the
-cap (characters or tokens), 415 not JSON, 422 empty text, unknown layer, head or backend, malformed
-JSON; 429 busy (Retry-After); 503 a registered model whose files fail to load (e.g. a half-written
-runs/demo/gpt).
+Errors are ``{"detail": message}``: 403 another site's request, 404 unknown model, 408 a body slower
+than ``body_timeout_s``, 413 a body or text over the cap (bytes, characters or tokens), 415 not JSON,
+422 empty text, unknown layer, head or backend, malformed JSON; 429 busy (Retry-After); 503 a
+registered model whose files fail to load (e.g. a half-written runs/demo/gpt).
 
 Example::
 
@@ -42,19 +43,21 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
                            backend_choices, list_models, load_model)
+from .guard import PostGuard
 from .lesson import lesson_router
 
-__all__ = ["create_app", "AttentionRequest", "DEFAULT_MAX_CHARS", "STATIC_DIR"]
+__all__ = ["create_app", "AttentionRequest", "DEFAULT_MAX_CHARS", "DEFAULT_BODY_TIMEOUT_S", "STATIC_DIR"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 DEFAULT_MAX_CHARS = 500            # a paragraph; the token cap (inspect.MAX_TOKENS) bounds the work too
-DEFAULT_MAX_COMPUTING = 4          # POSTs in flight (running or queued for the model lock); more get a 429
-RETRY_AFTER_S = 2                  # what a 429 tells the client to wait
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+DEFAULT_MAX_COMPUTING = 4          # POSTs in flight (receiving, running or queued for the model lock); more: 429
+DEFAULT_BODY_TIMEOUT_S = 10.0      # a few KB from this machine take milliseconds; a trickle must not hold a slot
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
 
@@ -79,19 +82,6 @@ def _describe(e: ValidationError) -> str:
     err = e.errors()[0]
     where = ".".join(str(p) for p in err.get("loc", ())) or "body"
     return f"bad request: {where}: {err.get('msg', 'invalid')}"
-
-
-async def _read_capped(request: Request, limit: int) -> Optional[bytes]:
-    """The request body, or None as soon as it is longer than ``limit`` bytes (even without Content-Length)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
 
 
 def _kernel(loaded, backend: str, L: int, positional: bool) -> str:
@@ -125,27 +115,38 @@ def _payload(maps, req: AttentionRequest) -> dict:
                 agreement=maps.agreement, positional=req.positional, scale_factor=req.scale_factor)
 
 
-def _refusal(request: Request) -> Optional[JSONResponse]:
-    """403 for a POST another site's page sent (Origin or Sec-Fetch-Site say so), 415 for a body that is not
-    JSON (a cross-site form or text/plain "simple request" needs no CORS preflight: refusing it closes that door)."""
-    origin = request.headers.get("origin")
-    if origin is not None and origin != f"http://{request.headers.get('host', '')}":
-        return _error(403, f"cross-origin request refused (Origin {origin!r}): the lab answers only its own page")
-    site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in ("same-origin", "none"):
-        return _error(403, f"cross-site request refused (Sec-Fetch-Site: {site}): the lab answers only its own page")
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        return _error(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
-    return None
+class SecurityHeaders:
+    """ASGI middleware: the lab's CSP (unless a route set its own, as the lesson's do), nosniff, no-referrer.
+    Plain ASGI rather than ``@app.middleware``: a request answered by nobody (the client left mid-body,
+    ``web.guard``) passes through quietly instead of raising "No response returned"."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("Content-Security-Policy", CSP)
+                headers["X-Content-Type-Options"] = "nosniff"
+                headers["Referrer-Policy"] = "no-referrer"
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def create_app(max_chars: int = DEFAULT_MAX_CHARS,
                allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost"),
-               max_computing: int = DEFAULT_MAX_COMPUTING) -> FastAPI:
+               max_computing: int = DEFAULT_MAX_COMPUTING,
+               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The lab's ASGI app. ``max_chars`` caps the text; ``allowed_hosts`` are the Host names answered;
     ``max_computing`` caps the POSTs (computations) in flight: one more is a 429 with Retry-After, while
-    the GET routes (page, files, /api/models) never wait for a computation.
+    the GET routes (page, files, /api/models) never wait for a computation; ``body_timeout_s`` is how long
+    a POST may take to send its whole body (later: 408, and its slot is freed).
 
     Example:
         uvicorn.run(create_app(max_chars=300), host="127.0.0.1", port=8000)
@@ -156,36 +157,16 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
         raise ValueError(f"allowed_hosts must be a list of host names without '*', got {allowed_hosts!r}")
     if isinstance(max_computing, bool) or not isinstance(max_computing, int) or max_computing < 1:
         raise ValueError(f"max_computing must be a positive int, got {max_computing!r}")
+    if isinstance(body_timeout_s, bool) or not isinstance(body_timeout_s, (int, float)) \
+            or not 0 < body_timeout_s < math.inf:
+        raise ValueError(f"body_timeout_s must be a positive number of seconds, got {body_timeout_s!r}")
     body_limit = 4 * max_chars + 4096        # JSON escapes and the other fields: generous, still bounded
     app = FastAPI(title="attnlab lab", docs_url=None, redoc_url=None, openapi_url=None)
-    in_flight = [0]                          # POSTs being answered (the event loop is one thread: no lock)
-
-    @app.middleware("http")                  # added before the Host check, so it runs after it
-    async def guard_computations(request: Request, call_next):
-        if request.method in SAFE_METHODS:
-            return await call_next(request)
-        refused = _refusal(request)
-        if refused is not None:
-            return refused
-        if in_flight[0] >= max_computing:
-            return JSONResponse({"detail": f"busy: {max_computing} computations are already running or queued; "
-                                           f"retry in {RETRY_AFTER_S} s"},
-                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
-        in_flight[0] += 1
-        try:
-            return await call_next(request)
-        finally:
-            in_flight[0] -= 1
-
+    # Added before the Host check, so it runs after it: a foreign Host is a 400 before any body is read.
+    app.add_middleware(PostGuard, max_computing=max_computing, body_limit=body_limit, body_timeout_s=body_timeout_s,
+                       too_large=f"the text is capped at {max_chars} characters")
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
-
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next):
-        response = await call_next(request)
-        response.headers.setdefault("Content-Security-Policy", CSP)    # the lesson's routes set their own
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        return response
+    app.add_middleware(SecurityHeaders)      # last added, so outermost: every answer carries them
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(lesson_router())          # /lesson: the page that teaches self-attention (web.lesson)
@@ -200,11 +181,8 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
 
     @app.post("/api/attention")
     async def attention(request: Request):
-        body = await _read_capped(request, body_limit)
-        if body is None:
-            return _error(413, f"request body over {body_limit} bytes: the text is capped at {max_chars} characters")
-        try:
-            req = AttentionRequest.model_validate_json(body)
+        try:                                 # the guard has read the body already, under its caps
+            req = AttentionRequest.model_validate_json(await request.body())
         except ValidationError as e:
             return _error(422, _describe(e))
         if not req.text.strip():

@@ -5,7 +5,8 @@
     GET  /lesson/pyodide/{name}        the five Pyodide files (.wasm as application/wasm, .mjs as text/javascript)
     GET  /lesson/api/pyodide           {found, version, dir, problem}: the page's message when Pyodide is missing
     GET  /lesson/api/readalong         {programs: {name: {title, cells: [{title, code}]}}}
-    POST /lesson/api/readalong/{name}  runs that fixed program with the local torch (``web.readalong``); 404 unknown
+    POST /lesson/api/readalong/{name}  runs that fixed program with the local torch (``web.readalong``); 404 unknown;
+                                       its body is ignored (in ``create_app`` the POST guard caps it: 413, 408)
 
 Where the Pyodide files come from (nothing is fetched from the internet, ever): the first of
 

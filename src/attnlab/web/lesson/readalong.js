@@ -76,6 +76,5 @@ export async function setupReadalong() {
     }
     button.disabled = false;
   }
-  button.addEventListener("click", run);
-  run();
+  button.addEventListener("click", run);        // only then: the page says it runs when the button is pressed
 }

@@ -66,9 +66,24 @@ function fillSelect(sel, options, keep) {
   if (old !== null && options.some(([v]) => String(v) === old)) sel.value = old;
 }
 
-function sizeSelects(layers, heads) {
-  fillSelect($("layer"), [...Array(layers || 1).keys()].map((i) => [i, String(i)]), true);
-  fillSelect($("head"), [...Array(heads || 1).keys()].map((i) => [i, String(i)]), true);
+// Where a model opens: the README's example (`attnlab show --model minilm ... --layer 5 --head 4`, the head that
+// links "sat" to "award" in the default sentence), or, in a model without that head, its last layer's head 0.
+const START = {layer: 5, head: 4};
+
+function startView(layers, heads) {
+  if (layers > START.layer && heads > START.head) return START;
+  return {layer: Math.max(0, (layers || 1) - 1), head: 0};
+}
+
+// fresh: a model just picked (open on its start view); otherwise keep the current layer and head when they exist.
+function sizeSelects(layers, heads, fresh) {
+  fillSelect($("layer"), [...Array(layers || 1).keys()].map((i) => [i, String(i)]), !fresh);
+  fillSelect($("head"), [...Array(heads || 1).keys()].map((i) => [i, String(i)]), !fresh);
+  if (fresh) {
+    const s = startView(layers, heads);
+    $("layer").value = String(s.layer);
+    $("head").value = String(s.head);
+  }
 }
 
 function currentModel() {
@@ -84,7 +99,7 @@ async function loadModels() {
   fillSelect($("backend"), data.backends.map((b) => [b.name, b.exact ? b.name : b.name + " (approximate)"]));
   $("text").maxLength = data.max_chars;
   const m = currentModel();
-  sizeSelects(m && m.layers, m && m.heads);
+  sizeSelects(m && m.layers, m && m.heads, true);
 }
 
 function request() {
@@ -290,7 +305,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("model").addEventListener("change", () => {
     const m = currentModel();
     $("model").title = m ? m.description : "";
-    sizeSelects(m && m.layers, m && m.heads);
+    sizeSelects(m && m.layers, m && m.heads, true);
     soon();
   });
   $("scale").addEventListener("input", () => {
