@@ -19,8 +19,8 @@ from attnlab.lab.claims import Claim, VerifyContext, all_passed
 from attnlab.lab.exp_longrange import (LONGRANGE_FULL, LONGRANGE_QUICK, LagLSTM, LagTransformer, LongRangeConfig,
                                        claim_long_range_dependencies, copy_batch, evaluate_copy, judge_longrange,
                                        matched_lstm, num_params, train_copy)
-from attnlab.lab.exp_pretrained import (SAT_AWARD_SENTENCE, control_pairs, head_statistics, judge_head_diversity,
-                                        judge_sat_award, linking_heads, quantile_spread, sat_award_link, token_index)
+from attnlab.lab.exp_pretrained import SAT_AWARD_SENTENCE, head_statistics, judge_head_diversity, quantile_spread
+from attnlab.lab.subject_link import token_index
 from attnlab.lab.exp_sequential import (critical_path, judge_critical_path, judge_wall_time, layer_flops,
                                         layers_for_timing, native_rnn, threads)
 from attnlab.nn import AttentionConfig, MultiHeadAttention
@@ -250,85 +250,7 @@ def test_long_range_claim_end_to_end(tmp_path: Path):
 
 
 # -- exp_pretrained -----------------------------------------------------------------------------------------
-TOKENS = ["[CLS]", "the", "award", ",", "sat", "[SEP]"]
-
-
-def _link_weights():
-    """(2 layers, 2 heads, 6, 6) rows of 'sat' (index 4) chosen by hand; other rows uniform."""
-    w = torch.full((2, 2, 6, 6), 1 / 6, dtype=torch.float64)
-    w[0, 0, 4] = torch.tensor([0.5, 0.1, 0.3, 0.0, 0.1, 0.0])    # award 2nd of all keys, 1st of content
-    w[0, 1, 4] = torch.tensor([0.1, 0.1, 0.4, 0.2, 0.2, 0.0])    # award on top: 0.4
-    w[1, 0, 4] = torch.tensor([0.0, 0.0, 0.1, 0.1, 0.8, 0.0])    # self on top; award tied with ','
-    w[1, 1, 4] = torch.tensor([0.2, 0.2, 0.2, 0.2, 0.1, 0.1])    # award tied for the top: rank 1
-    w[0, 1, :, 2] = torch.tensor([0.1, 0.2, 0.2, 0.3, 0.4, 0.1])  # the 'award' column of head (0, 1)
-    return w
-
-
-def test_sat_award_link_on_hand_made_weights():
-    link = sat_award_link(TOKENS, _link_weights())
-    assert (link["query_index"], link["key_index"]) == (4, 2)
-    assert link["rank"] == [[2, 1], [2, 1]]
-    assert link["rank_content"] == [[1, 1], [1, 1]]                   # content keys: 'the', ','
-    assert link["weight"][0][1] == pytest.approx(0.4)
-    best = link["best"]
-    assert (best["layer"], best["head"], best["rank"]) == (0, 1, 1)
-    assert best["query_specificity"] == pytest.approx(0.4 / ((0.2 + 0.3) / 2))  # other content queries: 'the', ','
-    assert best["key_specificity"] == pytest.approx(0.4 / 0.2)        # the most 'sat' gives 'the' or ','
-    assert {(h["layer"], h["head"]) for h in link["top1_heads"]} == {(0, 1), (1, 1)}
-    assert linking_heads(TOKENS, _link_weights(), 4, 2, min_specificity=1.5) == [(0, 1)]
-    with pytest.raises(ValueError, match="layers, heads, L, L"):
-        sat_award_link(TOKENS, torch.ones(2, 2, 5, 5))
-
-
-def _head(weight=0.4, q=3.0, k=3.0):
-    return {"layer": 0, "head": 1, "weight": weight, "query_specificity": q, "key_specificity": k}
-
-
-def test_judge_sat_award():
-    assert all_passed(judge_sat_award({"top1_heads": [_head()]}))
-    assert not all_passed(judge_sat_award({"top1_heads": [_head(weight=0.15)]}))   # on top but weak
-    assert not all_passed(judge_sat_award({"top1_heads": []}))        # strong elsewhere is not on top
-    assert not all_passed(judge_sat_award({}))
-    assert not all_passed(judge_sat_award({"top1_heads": [_head(q=1.1)]}))         # "award" is merely salient
-    assert not all_passed(judge_sat_award({"top1_heads": [_head(k=1.2)]}))         # "sat" attends broadly
-    # the requirements must hold in ONE head, not one each in different heads
-    assert not all_passed(judge_sat_award({"top1_heads": [_head(q=1.1), {**_head(k=1.2), "head": 2}]}))
-
-
-SALIENT_TOKENS = ["[CLS]", "the", "award", ",", "which", "was", "given", "sat", "proudly", "[SEP]"]
-
-
-def _salient_award_model():
-    """(1 layer, 3 heads, L, L): every word gives "award" 0.5, more than anything else; no link from "sat"."""
-    L = len(SALIENT_TOKENS)
-    w = torch.full((1, 3, L, L), 0.5 / (L - 1), dtype=torch.float64)
-    w[:, :, :, 2] = 0.5                                                # the "award" column, in every row and head
-    return w
-
-
-def test_sat_award_fails_for_a_model_where_award_is_merely_salient():
-    """The issue's model: "award" on top of "sat"'s row with weight 0.5 in every head, but so in every row."""
-    w = _salient_award_model()
-    link = sat_award_link(SALIENT_TOKENS, w)
-    checks = judge_sat_award(link)
-    assert [c.passed for c in checks] == [True, False, False]         # top and strong, but not specific
-    assert link["best"]["query_specificity"] == pytest.approx(1.0)
-    # the same model with a real link added to one head passes, in that head only
-    linked = w.clone()
-    linked[0, 1, 7] = 0.02
-    linked[0, 1, 7, 2] = 1 - 0.02 * (len(SALIENT_TOKENS) - 1)
-    linked[0, 1, [i for i in range(len(SALIENT_TOKENS)) if i != 7], 2] = 0.1
-    assert all_passed(judge_sat_award(sat_award_link(SALIENT_TOKENS, linked)))
-    assert linking_heads(SALIENT_TOKENS, linked, 7, 2) == [(0, 1)]
-    controls = control_pairs(SALIENT_TOKENS, linked)
-    assert controls["tested"] == 6 and controls["keys"] == {} and controls["queries"] == {}
-
-
-def test_token_index():
-    assert token_index(TOKENS, "Award") == 2
-    assert token_index(["a", "b", "a"], "a", occurrence=1) == 2
-    with pytest.raises(ValueError, match="not a whole token"):
-        token_index(["[CLS]", "aw", "##ard"], "award")
+# minilm-sat-award's judge and statistics: tests/test_claims_subject_link.py
 
 
 def test_head_statistics_on_hand_made_weights():
@@ -399,8 +321,8 @@ def test_minilm_wordpieces_of_the_sentence():
 @pytest.mark.slow
 @needs_minilm
 def test_pretrained_claims_run(tmp_path: Path):
-    from attnlab.lab.exp_pretrained import CLAIMS
-    for fn in CLAIMS:
-        claim = fn(VerifyContext(quick=True, workdir=tmp_path))
-        assert claim.passed, (claim.id, claim.summary)
-        assert claim.figure[:4] == b"\x89PNG"
+    from attnlab.lab.exp_pretrained import claim_heads_attend_differently
+    claim = claim_heads_attend_differently(VerifyContext(quick=True, workdir=tmp_path))
+    assert claim.passed, (claim.id, claim.summary)
+    assert claim.figure[:4] == b"\x89PNG"
+    # minilm-sat-award runs in tests/test_claims_subject_link.py: its verdict is the model's, not the test's

@@ -21,7 +21,7 @@ from attnlab.functional.ring import ring_attention
 from attnlab.functional.ring_layout import positions, shard, unshard
 from attnlab.train.distributed import free_port
 
-GROUP_DEADLINE_S = 90.0
+GROUP_DEADLINE_S = 300.0                 # a hang guard, not a speed bound: healthy groups end in seconds
 
 
 def _run_ranks(fn, world: int, *args, deadline_s: float = GROUP_DEADLINE_S) -> float:
@@ -135,7 +135,7 @@ def _worker_dead_peer(rank: int, world: int, port: int, how: str) -> None:
     q = torch.randn(1, 2, 8, 8, requires_grad=True)
     out = ring_attention(q, q, q, causal=True)
     if rank == 1:                                        # how == "stall": alive, but never joins the backward ring
-        time.sleep(60)
+        time.sleep(10 * GROUP_DEADLINE_S)                # never wakes up by itself: killed when rank 0 fails
     out.sum().backward()                                 # rank 0 must raise within the 4 s timeout
 
 
@@ -162,12 +162,13 @@ def test_ring_matches_reference_four_ranks():
     _run_ranks(_worker_parity, 4, cases)
 
 
-@pytest.mark.parametrize("how", ["exit", "stall"])
-def test_dead_peer_is_an_error_not_a_hang(how):
-    t0 = time.monotonic()
-    with pytest.raises(mp.ProcessRaisedException, match=r"ring_attention: rank 0 of 2 failed while"):
-        _run_ranks(_worker_dead_peer, 2, how, deadline_s=45)
-    assert time.monotonic() - t0 < 45
+@pytest.mark.parametrize("how, cause", [
+    ("exit", r"checking shapes with the other ranks: .*Connection (closed|reset) by peer"),   # the peer's socket
+    ("stall", r"exchanging blocks with ranks 1 \(from\) and 1 \(to\): .*Timed out waiting 4000ms")])  # our 4 s
+def test_dead_peer_is_an_error_not_a_hang(how, cause):
+    # The cause, not the speed: rank 0 names where it failed and gloo's reason; a hang hits the group's deadline.
+    with pytest.raises(mp.ProcessRaisedException, match=r"ring_attention: rank 0 of 2 failed while " + cause):
+        _run_ranks(_worker_dead_peer, 2, how)
 
 
 @pytest.mark.parametrize("layout,world,n", [("zigzag", 4, 16), ("zigzag", 3, 6), ("contiguous", 3, 9)])

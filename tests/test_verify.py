@@ -140,6 +140,38 @@ def test_run_verify_writes_the_report(tmp_path):
     assert "kaboom" in (tmp_path / "report.html").read_text()
 
 
+def account_counted(ctx):
+    """A count that holds by construction."""
+    return Claim("counted", "a count", statement="s", criterion="c", passed=False, measurement={"flops": 4})
+
+
+def test_accounting_is_shown_but_never_counted(tmp_path, monkeypatch):
+    """An ACCOUNTING entry runs and is reported in its own section, but neither the count nor the verdict sees it."""
+    mod = types.ModuleType("attnlab.lab.fake_acct")
+    mod.CLAIMS, mod.ACCOUNTING = [claim_always_true], [account_counted]
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    entries = verify.collect(["fake_acct"])
+    assert [(e.id, e.kind) for e in entries] == [("always-true", "claim"), ("counted", "accounting")]
+    res = verify.run_verify(quick=True, out=str(tmp_path), modules=["fake_acct"])
+    assert [c.id for c in res.claims] == ["always-true"] and [c.id for c in res.accounting] == ["counted"]
+    assert res.all_passed and res.accounting[0].kind == "accounting"           # a failing count does not fail the run
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["summary"] == {"total": 1, "passed": 1, "failed": 0, "all_passed": True}
+    assert [c["id"] for c in data["claims"]] == ["always-true"] and data["accounting"][0]["id"] == "counted"
+    page = (tmp_path / "report.html").read_text()
+    assert "1 of 1 claims pass" in page and page.index("Accounting (shown, not counted") < page.index("a count")
+    res = verify.run_verify(quick=True, out=str(tmp_path), modules=["fake_acct"], only=["counted"])
+    assert res.claims == [] and [c.id for c in res.accounting] == ["counted"]
+
+
+def test_the_flop_counts_are_accounting_not_claims():
+    entries = {e.id: e.kind for e in verify.collect(["exp_basics", "exp_complexity"])}
+    assert entries["multihead-flops"] == entries["flops-scaling"] == "accounting"
+    assert entries["causal-gradient"] == entries["memory-scaling"] == "claim"
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Claim("x", "t", statement="s", passed=True, kind="maybe")
+
+
 # -- CLI ----------------------------------------------------------------------------------------------
 def _cli(argv, monkeypatch, entries):
     monkeypatch.setattr(verify, "collect", lambda modules=None: entries)
@@ -243,12 +275,34 @@ def test_causal_criterion_can_fail():
     leak = blocks.clone()
     leak[0, 2] = 1e-30
     assert eb._future_past(leak)["future_max"] == 1e-30
-    ok = {"reference": {"future_max": 0.0, "past_min": 0.1}, "tiled": {"skipped": "float64"}}
+    ok = {"reference": {"future_max": 0.0, "past_min": 0.1}, "tiled": {"future_max": 0.0, "past_min": 0.2}}
     assert all_passed(eb.judge_causal(ok, control_future=0.05))
     assert not all_passed(eb.judge_causal({**ok, "sdpa": {"future_max": 1e-30, "past_min": 0.1}}, 0.05))
     assert not all_passed(eb.judge_causal({"reference": {"future_max": 0.0, "past_min": 0.0}}, 0.05))  # no flow
-    assert not all_passed(eb.judge_causal({"tiled": {"skipped": "x"}}, 0.05))                            # none ran
+    assert not all_passed(eb.judge_causal({}, 0.05))                                                  # none ran
     assert not all_passed(eb.judge_causal(ok, control_future=0.0))                           # blind measurement
+
+
+def test_a_backend_that_raises_fails_the_causal_criterion():
+    raised = {**{"reference": {"future_max": 0.0, "past_min": 0.1}}, "tiled": {"error": "ValueError: no float64"}}
+    checks = eb.judge_causal(raised, control_future=0.05)
+    assert [c.passed for c in checks] == [False, True, True, True]
+    assert "tiled: ValueError: no float64" in checks[0].measured
+    assert not all_passed(eb.judge_causal({"tiled": {"skipped": "x"}}, 0.05))     # no measurement is no pass
+
+
+def test_the_causal_claim_fails_when_a_backend_raises(tmp_path, monkeypatch):
+    """A registered exact backend that raises (even a ValueError, "cannot take this request") fails the claim,
+    with the backend and its error in the measurement; it is never skipped silently."""
+    from attnlab.functional import registry
+
+    def broken(q, k, v, **kw):
+        raise ValueError("broken backend cannot take float64")
+    monkeypatch.setitem(registry._BACKENDS, "broken", registry.Backend("broken", broken, True, lambda r: None, "x"))
+    claim = eb.claim_causal_gradient(_ctx(tmp_path))
+    assert not claim.passed and claim.error is None
+    assert claim.measurement["backends"]["broken"] == {"error": "ValueError: broken backend cannot take float64"}
+    assert claim.measurement["backends"]["reference"]["future_max"] == 0.0 and "broken RAISED" in claim.summary
 
 
 def test_flops_criterion_can_fail():
@@ -288,6 +342,7 @@ def test_increment_exponent_removes_the_constant():
 
 def test_memory_criterion_can_fail():
     assert all_passed(ec.judge_memory(1.97, 1.0, 0.5))
+    assert not all_passed(ec.judge_memory(1.97, 1.0, 0.5, ["tiled n=4096: timed out after 600 s"]))   # a lost point
     assert not all_passed(ec.judge_memory(1.5, 1.0, 0.5))
     assert not all_passed(ec.judge_memory(1.97, 1.9, 0.5))        # tiled growing quadratically
     assert not all_passed(ec.judge_memory(1.97, 1.0, 1.6))
@@ -307,9 +362,10 @@ def test_flops_scaling_criterion_can_fail():
 def test_quick_run_of_every_claim_passes(tmp_path):
     res = verify.run_verify(quick=True, out=str(tmp_path), modules=["exp_basics", "exp_complexity"])
     assert len(res.claims) == len(eb.CLAIMS) + len(ec.CLAIMS)
-    failed = {c.id: c.error or c.summary for c in res.claims if not c.passed}
+    failed = {c.id: c.error or c.summary for c in res.claims + res.accounting if not c.passed}
     assert not failed, failed
     assert all(c.checks for c in res.claims), [c.id for c in res.claims if not c.checks]
     ids = [verify.claim_id(f) for f in eb.CLAIMS + ec.CLAIMS]
     assert [c.id for c in res.claims] == ids
-    assert all(c.figure is None or (tmp_path / f"{c.id}.png").exists() for c in res.claims)
+    assert [c.id for c in res.accounting] == ["multihead-flops", "flops-scaling"]
+    assert all(c.figure is None or (tmp_path / f"{c.id}.png").exists() for c in res.claims + res.accounting)

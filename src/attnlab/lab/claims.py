@@ -3,11 +3,13 @@
 Every experiment of ``attnlab verify`` is a function ``(ctx: VerifyContext) -> Claim``. The report
 writer turns a list of claims into a self-contained HTML page and a JSON file.
 
-Each ``lab/exp_*.py`` module lists its experiments in ``CLAIMS``. The runner selects them by id
-(``attnlab verify --only ID``) before running them, so an experiment's id must be knowable from the
-function: name it ``claim_<id with underscores>`` (``claim_causal_gradient`` -> "causal-gradient"),
-or set ``fn.claim_id = "..."``; the Claim it returns carries the same id. Figures are PNG bytes
-(``attnlab.lab.report.png_bytes(fig)``).
+Each ``lab/exp_*.py`` module lists its experiments in ``CLAIMS`` and, optionally, ``ACCOUNTING``:
+counts that hold by construction (a FLOP count read off the shapes cannot come out otherwise), shown
+in the report's accounting section and never counted as verified claims (their ``kind`` is
+"accounting"). The runner selects experiments by id (``attnlab verify --only ID``) before running
+them, so an id must be knowable from the function: name it ``claim_<id with underscores>``
+(``claim_causal_gradient`` -> "causal-gradient") or ``account_<id>``, or set ``fn.claim_id = "..."``;
+the Claim it returns carries the same id. Figures are PNG bytes (``attnlab.lab.report.png_bytes(fig)``).
 
 A criterion is judged by a pure ``judge_*`` function that returns labelled ``Check``s: each label
 states one requirement with its thresholds, in words. The Claim's verdict is "every check passed",
@@ -30,7 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["Check", "Claim", "VerifyContext", "all_passed"]
+__all__ = ["Check", "Claim", "VerifyContext", "all_passed", "KINDS"]
+
+# "claim": judged and counted in the verdict; "accounting": shown, not counted (holds by construction).
+KINDS = ("claim", "accounting")
 
 
 @dataclass
@@ -76,8 +81,11 @@ class Claim:
     summary: str = ""              # the headline measurement in one line, for the report's table
                                    # ("" = the report shows the measurement's scalar entries)
     checks: list[Check] = field(default_factory=list)   # the judge's labelled requirements
+    kind: str = "claim"            # one of KINDS; the runner sets it from the module list the experiment is in
 
     def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.id!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.checks:
             verdict = all_passed(self.checks)
             if self.passed is not None and bool(self.passed) != verdict:

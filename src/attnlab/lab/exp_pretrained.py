@@ -3,20 +3,19 @@
 Two claims, both read from ``lab.inspect.attention_maps("minilm", text)`` (the web lab's own path:
 the installed checkpoint, its WordPiece tokenizer, weights (layers, heads, L, L)):
 
-    minilm-sat-award            in "The award, which was given for lifetime achievement, sat proudly
-                                on the shelf", a head links the verb "sat" to its subject "award",
-                                eight words back across a relative clause: specifically (more than
-                                other words look at "award", more than "sat" looks at other words)
+    minilm-sat-award            a head outside layer 0, chosen on six sentences of the form "The trophy,
+                                which was won in a close final, stood ...", links the verb to its subject
+                                across the relative clause in five held-out sentences, "The award, which
+                                was given for lifetime achievement, sat proudly on the shelf" among them
+                                (``lab/subject_link.py``: the sentences, the selection, the judge)
     heads-attend-differently    per-head entropy and mean attention distance over a few sentences:
                                 the middle 80% of trained heads differ (sharp/local vs broad), while
                                 the same architecture with random weights has 72 near-identical heads
 
 Example::
 
-    maps = attention_maps("minilm", SAT_AWARD_SENTENCE, backend="reference")
-    link = sat_award_link(maps.tokens, maps.weights)
-    link["best"]            # {"layer": 5, "head": 4, "weight": 0.27, "rank": 1, ...}
-    judge_sat_award(link)   # [Check(...), ...]: top and strong, specific against queries, against keys
+    claim = claim_minilm_sat_award(VerifyContext(quick=True, workdir=Path("/tmp")))
+    claim.measurement["head"], claim.passed     # the head chosen on the selection set; its held-out verdict
 """
 from __future__ import annotations
 
@@ -28,17 +27,13 @@ from torch import Tensor
 from .claims import Check, Claim, VerifyContext
 from .exp_sequential import threads
 from .report import new_figure, png_bytes
+from .subject_link import (HELD_OUT_SENTENCES, MIN_LINK_WEIGHT, MIN_SPECIFICITY, SELECTION_SENTENCES, TARGET,
+                           closeness, head_rows, judge_subject_link, links, measure_link, select_head)
 
-__all__ = ["CLAIMS", "SAT_AWARD_SENTENCE", "HEAD_SENTENCES", "SPECIAL_TOKENS", "token_index", "sat_award_link",
-           "linking_heads", "control_pairs", "judge_sat_award", "head_statistics", "quantile_spread",
-           "judge_head_diversity", "claim_minilm_sat_award", "claim_heads_attend_differently"]
+__all__ = ["CLAIMS", "SAT_AWARD_SENTENCE", "HEAD_SENTENCES", "judge_subject_link", "head_statistics",
+           "quantile_spread", "judge_head_diversity", "claim_minilm_sat_award", "claim_heads_attend_differently"]
 
-SAT_AWARD_SENTENCE = "The award, which was given for lifetime achievement, sat proudly on the shelf"
-SPECIAL_TOKENS = ("[CLS]", "[SEP]")
-MIN_LINK_WEIGHT = 0.2          # 3.4x the uniform 1/17 over this sentence's 17 tokens
-# A link, not salience: "sat" gives "award" MIN_SPECIFICITY x what the other words give it in that head
-# (against other queries), and MIN_SPECIFICITY x the most it gives any other content word (against other keys).
-MIN_SPECIFICITY = 2.0
+SAT_AWARD_SENTENCE = TARGET.text
 # Heads differ: the middle 80% of the 72 heads (10th to 90th percentile) span these factors, so at least
 # 8 heads on each side must differ (one odd head cannot carry it); random weights must stay below MAX_CONTROL_SPREAD.
 MIN_DISTANCE_SPREAD, MIN_ENTROPY_SPREAD, MAX_CONTROL_SPREAD = 1.25, 1.5, 1.05
@@ -62,187 +57,98 @@ def _rounded(t: Tensor, digits: int = 5) -> list:
     return torch.round(t.double(), decimals=digits).tolist()
 
 
-def token_index(tokens: Sequence[str], word: str, occurrence: int = 0) -> int:
-    """Index of ``word`` among WordPiece ``tokens`` (lower-cased, whole-word tokens only).
-
-    Raises ValueError naming the tokens when the word is absent or was split into pieces.
-    Example:
-        token_index(["[CLS]", "the", "award", ",", "sat", "[SEP]"], "award")     # 2
-    """
-    hits = [i for i, t in enumerate(tokens) if t == word.lower()]
-    if len(hits) <= occurrence:
-        raise ValueError(f"{word!r} is not a whole token (occurrence {occurrence}) of {list(tokens)}; "
-                         "pick a word the WordPiece vocabulary keeps whole")
-    return hits[occurrence]
-
-
-def _content(tokens: Sequence[str]) -> list[int]:
-    return [i for i, t in enumerate(tokens) if t not in SPECIAL_TOKENS]
+# -- a verb linked to its subject ---------------------------------------------------------------------
+def _relation(maps: dict, key: str) -> dict:
+    """Choose a head on the selection sentences for verb -> ``key``, then read it on the held-out ones."""
+    sel = [measure_link(s, *maps[s.text], key=key) for s in SELECTION_SENTENCES]
+    held = [measure_link(s, *maps[s.text], key=key) for s in HELD_OUT_SENTENCES]
+    layer, head = select_head(sel)
+    l0, h0 = select_head(sel, first_layer=0)                 # the head selection would pick if layer 0 were allowed
+    lt, ht = select_head(held[:1])                           # ... if it were picked on the judged sentence itself
+    return {"sel": sel, "held": held, "head": {"layer": layer, "head": head},
+            "picked_on_judged_sentence": {"layer": lt, "head": ht, **head_rows(held[:1], lt, ht)[0]},
+            "selection": head_rows(sel, layer, head), "held_out": head_rows(held, layer, head),
+            "any_layer_head": {"layer": l0, "head": h0, "selection_linked": _n_linked(head_rows(sel, l0, h0)),
+                               "held_out_linked": _n_linked(head_rows(held, l0, h0))}}
 
 
-def _link_arrays(tokens: Sequence[str], weights: Tensor, qi: int, ki: int) -> dict[str, Tensor]:
-    """Per head (layers, heads): weight q -> k, its rank in q's row, and its two specificities."""
-    row = weights[:, :, qi, :].double()                                  # (layers, heads, L)
-    w = row[..., ki]                                                     # (layers, heads)
-    others = [i for i in _content(tokens) if i not in (qi, ki)]          # content words but these two
-    if not others:
-        raise ValueError(f"specificity needs content words besides {tokens[qi]!r} and {tokens[ki]!r}: {list(tokens)}")
-    from_others = weights[:, :, others, ki].double().mean(-1)            # (layers, heads): others -> key
-    to_others = row[..., others].amax(-1)                                # (layers, heads): query -> others
-    return {"weight": w, "rank": (row > w[..., None]).sum(-1) + 1,
-            "query_specificity": w / from_others.clamp(min=1e-12), "key_specificity": w / to_others.clamp(min=1e-12)}
+def _n_linked(rows: Sequence[dict]) -> int:
+    """In how many of ``rows`` (``head_rows``) the head links the pair by all four requirements."""
+    return sum(bool(links(r)) for r in rows)
 
 
-def linking_heads(tokens: Sequence[str], weights: Tensor, qi: int, ki: int, min_weight: float = MIN_LINK_WEIGHT,
-                  min_specificity: float = MIN_SPECIFICITY) -> list[tuple[int, int]]:
-    """The (layer, head)s where token qi links to token ki by ``judge_sat_award``'s three requirements.
-
-    Example:
-        linking_heads(tokens, weights, tokens.index("sat"), tokens.index("award"))     # [(0, 0)]
-    """
-    a = _link_arrays(tokens, weights, qi, ki)
-    ok = ((a["rank"] == 1) & (a["weight"] >= min_weight) & (a["query_specificity"] >= min_specificity)
-          & (a["key_specificity"] >= min_specificity))
-    return [tuple(x) for x in ok.nonzero().tolist()]
-
-
-def sat_award_link(tokens: Sequence[str], weights: Tensor, query: str = "sat", key: str = "award") -> dict:
-    """Per layer and head, the weight from ``query`` to ``key``, its rank among the keys, its specificities.
-
-    Args:
-        tokens: L token strings; weights: (layers, heads, L, L) attention probabilities.
-    Returns:
-        {"query_index", "key_index", "weight" (layers x heads lists), "rank" (1 = the largest weight of
-         the row, all keys), "rank_content" (rank among keys other than [CLS], [SEP] and the query itself),
-         "query_specificity" (the weight over the mean weight the other content words give ``key``: 1 when
-         ``key`` is merely salient), "key_specificity" (the weight over the largest weight ``query`` gives
-         another content word), "best": the head with the largest weight, with its rank and specificities,
-         "top1_heads": heads whose largest weight goes to ``key`` (with their specificities)}
-    """
-    if weights.dim() != 4 or weights.shape[-1] != len(tokens) or weights.shape[-2] != len(tokens):
-        raise ValueError(f"weights must be (layers, heads, L, L) with L = {len(tokens)} tokens, "
-                         f"got {tuple(weights.shape)}")
-    qi, ki = token_index(tokens, query), token_index(tokens, key)
-    a = _link_arrays(tokens, weights, qi, ki)
-    w, rank, qs, ks = a["weight"], a["rank"], a["query_specificity"], a["key_specificity"]
-    content = [i for i in _content(tokens) if i != qi]
-    rank_content = (weights[:, :, qi, content].double() > w[..., None]).sum(-1) + 1
-
-    def head(l: int, h: int) -> dict:
-        return {"layer": l, "head": h, "weight": round(float(w[l, h]), 4), "rank": int(rank[l, h]),
-                "query_specificity": round(float(qs[l, h]), 3), "key_specificity": round(float(ks[l, h]), 3)}
-    layer, h_best = divmod(int(w.argmax()), w.shape[1])
-    best = {**head(layer, h_best), "rank_content": int(rank_content[layer, h_best]),
-            "row": [round(float(x), 4) for x in weights[layer, h_best, qi]]}
-    return {"query_index": qi, "key_index": ki, "weight": _rounded(w), "rank": rank.tolist(),
-            "rank_content": rank_content.tolist(), "query_specificity": _rounded(qs, 3),
-            "key_specificity": _rounded(ks, 3), "best": best,
-            "top1_heads": [head(l, h) for l, h in (rank == 1).nonzero().tolist()],
-            "top1_content_heads": int((rank_content == 1).sum())}
-
-
-def judge_sat_award(link: dict, min_weight: float = MIN_LINK_WEIGHT,
-                    min_specificity: float = MIN_SPECIFICITY) -> list[Check]:
-    """Some head links "sat" to "award": on top of the row, strong, and specific against other queries and keys.
-
-    Each check narrows the heads of the one before it, so the last one holds only when a single head
-    meets every requirement at once.
-    """
-    def names(hs):
-        return ", ".join(f"L{h['layer']}H{h['head']}" for h in hs) or "none"
-    top = [h for h in link.get("top1_heads", []) if h["weight"] >= min_weight]
-    q_spec = [h for h in top if h["query_specificity"] >= min_specificity]
-    both = [h for h in q_spec if h["key_specificity"] >= min_specificity]
-    return [Check(f'some head gives "award" the largest weight of the "sat" row over ALL keys ([CLS], [SEP] and '
-                  f'"sat" included), and that weight is >= {min_weight}', bool(top), names(top)),
-            Check(f'against other queries, in such a head: "sat" gives "award" >= {min_specificity}x the mean '
-                  'weight the other content words give it (a merely salient "award" gives ~1x)', bool(q_spec),
-                  names(q_spec) + "; " + ", ".join(f"{h['query_specificity']:.2f}x" for h in top)),
-            Check(f'against other keys, in such a head: "award" gets >= {min_specificity}x the largest weight "sat" '
-                  'gives any other content word', bool(both),
-                  names(both) + "; " + ", ".join(f"{h['key_specificity']:.2f}x" for h in q_spec))]
-
-
-def control_pairs(tokens: Sequence[str], weights: Tensor, query: str = "sat", key: str = "award") -> dict:
-    """The same per-head test on the control pairs: ``query`` -> every other content word, every other
-    content word -> ``key``. Returns {"keys": {word: [(layer, head), ...]}, "queries": {...}}, passing pairs only."""
-    qi, ki = token_index(tokens, query), token_index(tokens, key)
-    others = [i for i in _content(tokens) if i not in (qi, ki)]
-    keys = {f"{tokens[i]}@{i}": linking_heads(tokens, weights, qi, i) for i in others}
-    queries = {f"{tokens[i]}@{i}": linking_heads(tokens, weights, i, ki) for i in others}
-    return {"tested": len(others), "keys": {k: v for k, v in keys.items() if v},
-            "queries": {q: v for q, v in queries.items() if v}}
-
-
-def _plot_link(tokens: list[str], link: dict, shown: dict) -> bytes:
-    w = torch.tensor(link["weight"])                                     # (layers, heads)
+def _plot_link(subject: dict) -> bytes:
+    med = torch.stack([closeness(m) for m in subject["sel"]]).median(0).values          # (layers, heads)
     fig, (ax, ax2) = new_figure(2, width=5.0, height=3.8)
-    im = ax.imshow(w.numpy(), cmap="viridis", vmin=0)
-    ax.set(xlabel="head", ylabel="layer", title='weight "sat" -> "award" (red: its top key)', xticks=range(w.shape[1]),
-           yticks=range(w.shape[0]))
-    for h in link["top1_heads"]:
-        ax.add_patch(_box(h["head"], h["layer"]))
-    fig.colorbar(im, ax=ax, shrink=0.7)
-    b = shown                                    # the head whose "sat" row is drawn
-    colors = ["#c44e52" if i == link["key_index"] else "#4c72b0" for i in range(len(tokens))]
-    ax2.bar(range(len(tokens)), b["row"], color=colors)
-    ax2.set_xticks(range(len(tokens)), tokens, rotation=70, fontsize=7)
-    ax2.axhline(1 / len(tokens), ls=":", c="k", lw=1, label="uniform")
-    ax2.set(ylabel="attention weight", title=f'"sat" row, layer {b["layer"]} head {b["head"]}')
+    im = ax.imshow(med.clamp(max=2).numpy(), cmap="viridis", vmin=0, vmax=2)
+    ax.set(xlabel="head", ylabel="layer", title="selection set: median closeness to a link",
+           xticks=range(med.shape[1]), yticks=range(med.shape[0]))
+    from matplotlib.patches import Rectangle
+    h = subject["head"]
+    ax.add_patch(Rectangle((h["head"] - 0.5, h["layer"] - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    fig.colorbar(im, ax=ax, shrink=0.7, label="min(weight / 0.2, specificities / 2); a link needs >= 1")
+    rows = subject["held_out"]
+    x = torch.arange(len(rows), dtype=torch.float64)
+    ax2.bar(x - 0.2, [r["key_specificity"] for r in rows], 0.4, label="vs other keys", color="#4c72b0")
+    ax2.bar(x + 0.2, [r["query_specificity"] for r in rows], 0.4, label="vs other queries", color="#dd8452")
+    ax2.axhline(MIN_SPECIFICITY, ls="--", c="k", lw=1, label=f"{MIN_SPECIFICITY:g}x")
+    ax2.set_xticks(x.tolist(), [f'{r["verb"]}->{r["key"]}' for r in rows], rotation=30, fontsize=8)
+    ax2.set(ylabel="specificity", title=f'held out, chosen head L{h["layer"]}H{h["head"]}')
     ax2.legend(fontsize=8)
     return png_bytes(fig)
 
 
-def _box(x: int, y: int):
-    from matplotlib.patches import Rectangle
-    return Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5)
-
-
 def claim_minilm_sat_award(ctx: VerifyContext) -> Claim:
-    """The pretrained MiniLM links "sat" to its subject "award" across a relative clause."""
+    """A MiniLM head outside layer 0, chosen on other sentences, links verbs to their subjects ("sat" -> "award")."""
     from .inspect import attention_maps
-    with threads(1):                             # 17 tokens: a second thread only waits on a busy machine
-        maps = attention_maps("minilm", SAT_AWARD_SENTENCE, backend="reference")
-    link = sat_award_link(maps.tokens, maps.weights)
-    checks = judge_sat_award(link)
-    controls = control_pairs(maps.tokens, maps.weights)
-    linked = linking_heads(maps.tokens, maps.weights, link["query_index"], link["key_index"])
-    b, L = link["best"], len(maps.tokens)
-    (sl, sh) = linked[0] if linked else (b["layer"], b["head"])
-    shown = {"layer": sl, "head": sh, "row": maps.weights[sl, sh, link["query_index"]].tolist()}
-    specs = ", ".join(f'L{h["layer"]}H{h["head"]} (weight {h["weight"]:.2f}: {h["query_specificity"]:.1f}x other '
-                      f'queries, {h["key_specificity"]:.1f}x other keys)' for h in link["top1_heads"])
-
-    def words(d: dict) -> str:
-        return ", ".join(f'"{k.split("@")[0]}"' for k in d) or "none"
+    maps = {}
+    with threads(1):                             # ~17 tokens: a second thread only waits on a busy machine
+        for s in SELECTION_SENTENCES + HELD_OUT_SENTENCES:
+            m = attention_maps("minilm", s.text, backend="reference")
+            maps[s.text] = (m.tokens, m.weights)
+    subject, control = _relation(maps, "subject"), _relation(maps, "clause_noun")
+    checks = judge_subject_link(subject["head"], subject["selection"], subject["held_out"])
+    h, a0, t, c = subject["head"], subject["any_layer_head"], subject["picked_on_judged_sentence"], control["head"]
+    target = next(r for r in subject["held_out"] if r["verb"] == TARGET.verb)
+    n_sel, n_held = len(SELECTION_SENTENCES), len(HELD_OUT_SENTENCES)
+    name = f'L{h["layer"]}H{h["head"]}'
     return Claim(
-        "minilm-sat-award", 'Pretrained MiniLM links "sat" to "award"',
+        "minilm-sat-award", 'Pretrained MiniLM: a head links verbs to their subjects ("sat" -> "award")',
         statement='In "The award, which was given for lifetime achievement, sat proudly on the shelf" the subject '
-                  'of "sat" is "award", eight words back; attention can link them directly, and a trained model '
-                  'has a head that singles "award" out from "sat": more than "sat" attends to other words, and '
-                  'more than other words attend to "award".',
-        criterion=f"all-MiniLM-L6-v2 (6 layers x 12 heads), {L} WordPiece tokens, reference backend; uniform "
-                  f"attention would be 1/{L} = {1 / L:.3f}; content words = all but [CLS] and [SEP]",
+                  'of "sat" is "award", eight words back across a relative clause. Attention can link them '
+                  "directly; a trained model that has learned the relation has a head beyond layer 0 that does it "
+                  "in sentences it was not chosen on: the verb singles its subject out from the other words, and "
+                  "the subject is not merely a word every other word looks at.",
+        criterion=f"all-MiniLM-L6-v2 (6 layers x 12 heads), reference backend; one head chosen among layers 1-5 "
+                  f"on {n_sel} selection sentences (the most sentences linked, then the nearest to the thresholds "
+                  "in median), judged on {n_held} held-out sentences of the same form; content words "
+                  "= all tokens but [CLS] and [SEP]",
         checks=checks,
-        measurement={"tokens": maps.tokens, **link, "linking_heads": linked, "control_pairs": controls},
-        summary=f'{len(link["top1_heads"])} head(s) with "award" on top of the "sat" row, '
-                f'{len(linked)} also specific both ways ({", ".join(f"L{l}H{h}" for l, h in linked) or "none"}); '
-                f'largest weight {b["weight"]:.2f} (L{b["layer"]}H{b["head"]})',
-        figure=_plot_link(maps.tokens, link, shown),
-        notes=f'Heads with "award" on top of the "sat" row: {specs}. '
-              + ("" if (b["layer"], b["head"]) in linked else
-                 f'The largest weight is not a specific link: in L{b["layer"]}H{b["head"]} the other words give '
-                 '"award" much of it too, or "sat" gives another word nearly as much. ')
-              + "Layer 0 heads see token and position embeddings only (no context yet), so a layer-0 link is "
-              "lexical/positional rather than syntactic; the last layer's heads act on contextual vectors. "
-              f'Controls, reported and not judged: the same per-head test (top, >= {MIN_LINK_WEIGHT}, both '
-              f'specificities >= {MIN_SPECIFICITY}x) passes from "sat" to {len(controls["keys"])} of the '
-              f'{controls["tested"]} other content words ({words(controls["keys"])}) and to "award" from '
-              f'{len(controls["queries"])} of them ({words(controls["queries"])}), mostly in heads that look at a '
-              "neighbour. So a 72-head model has specific links between many pairs; what this claim shows is that "
-              '"sat" -> "award", eight words apart, is one of them, not that the model singles out the '
-              "subject relation. A sentence embedding model (trained for similarity, not parsing) need not keep "
-              "syntax in single heads; Clark et al. 2019 found subject-verb heads in BERT-base, 12 layers deep.")
+        measurement={"head": h, "selection": subject["selection"], "held_out": subject["held_out"],
+                     "best_head_with_layer_0": a0, "picked_on_judged_sentence": t,
+                     "control_clause_noun": {"head": c, "selection": control["selection"],
+                                             "held_out": control["held_out"],
+                                             "held_out_linked": _n_linked(control["held_out"])}},
+        summary=f'chosen on the selection set: {name}, linking {_n_linked(subject["selection"])} of {n_sel} '
+                f'selection and {_n_linked(subject["held_out"])} of {n_held} held-out sentences; "sat" -> "award" '
+                f'there {target["key_specificity"]:.2f}x other keys, {target["query_specificity"]:.2f}x other '
+                f'queries, weight {target["weight"]:.2f}',
+        figure=_plot_link(subject),
+        notes=f"A link in one sentence is: rank 1 of the verb's row, weight >= {MIN_LINK_WEIGHT}, and >= "
+              f"{MIN_SPECIFICITY:g}x against other keys and other queries. The head is chosen on the selection "
+              "sentences alone, so it cannot be the one lucky head of 72 on the judged sentence: picked on "
+              f'"{TARGET.text}" itself, the best head outside layer 0 would be L{t["layer"]}H{t["head"]} '
+              f'({t["key_specificity"]:.2f}x other keys, {t["query_specificity"]:.2f}x other queries, weight '
+              f'{t["weight"]:.2f}). '
+
+              f'With layer 0 allowed, selection would pick L{a0["layer"]}H{a0["head"]}, which links '
+              f'{a0["selection_linked"]} of {n_sel} selection and {a0["held_out_linked"]} of {n_held} held-out '
+              "sentences: layer 0 sees token and position embeddings only, so its links are lexical or positional. "
+              f'Control, reported and not judged: the same procedure for verb -> a noun inside the clause (not '
+              f'the subject) picks L{c["layer"]}H{c["head"]}, linking {_n_linked(control["held_out"])} of {n_held} '
+              "held-out sentences. all-MiniLM-L6-v2 is a 6-layer model distilled and tuned for sentence "
+              "similarity, not parsing, and need not keep syntax in single heads; Clark et al. 2019 found "
+              "subject-verb heads in BERT-base, 12 layers deep.")
 
 
 # -- heads attend differently ----------------------------------------------------------------------

@@ -3,7 +3,9 @@
 The HTML needs nothing but a browser: inline CSS, figures inlined as ``data:image/png;base64``
 URIs, no script, no CDN, no network. Every piece of text that came from an experiment is escaped.
 The JSON holds everything the page shows except the PNG bytes; each figure is also written as
-``<claim id>.png`` next to it and named in the claim's ``figure_file``.
+``<claim id>.png`` next to it and named in the claim's ``figure_file``. Claims of kind "accounting"
+(counts that hold by construction) get their own section and JSON list and are never counted in the
+pass/fail summary.
 
 Example::
 
@@ -51,6 +53,7 @@ pre.error { background: #fff0f0; border: 1px solid #f3b9b9; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 .notes { color: #444; } ul.checks { list-style: none; padding-left: .5em; } ul.checks li { margin: .25em 0; }
 .measured { color: #555; } .meta td:first-child { width: 14em; color: #555; }
+.badge.acct { background: #6e7781; } tr.acct td:first-child { border-left: 4px solid #6e7781; }
 """
 
 
@@ -124,22 +127,28 @@ def _is_png(data: Optional[bytes]) -> bool:
     return isinstance(data, (bytes, bytearray)) and bytes(data[:8]) == PNG_SIGNATURE
 
 
+def _verified(claims: Sequence[Claim]) -> list[Claim]:
+    return [c for c in claims if c.kind != "accounting"]
+
+
 def report_dict(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> dict:
-    """What report.json holds: meta, the pass/fail counts and each claim without its PNG bytes."""
+    """What report.json holds: meta, the pass/fail counts of the verified claims, each claim without its PNG
+    bytes, and the accounting entries (shown, not counted) in a list of their own."""
     stems = stems or _stems(claims)
-    rows = []
+    rows: dict[str, list] = {"claim": [], "accounting": []}
     for c, stem in zip(claims, stems):
         d = asdict(c)
         d.pop("figure")
         d["figure_file"] = f"{stem}.png" if _is_png(c.figure) else None
         d["summary"] = summary_text(c)
         d["criterion_text"] = c.criterion_text
-        rows.append(jsonable(d))
-    passed = sum(bool(c.passed) for c in claims)
+        rows[c.kind].append(jsonable(d))
+    verified = _verified(claims)
+    passed = sum(bool(c.passed) for c in verified)
     return {"meta": jsonable(meta or {}),
-            "summary": {"total": len(claims), "passed": passed, "failed": len(claims) - passed,
-                        "all_passed": passed == len(claims)},
-            "claims": rows}
+            "summary": {"total": len(verified), "passed": passed, "failed": len(verified) - passed,
+                        "all_passed": passed == len(verified)},
+            "claims": rows["claim"], "accounting": rows["accounting"]}
 
 
 def _stems(claims: Sequence[Claim]) -> list[str]:
@@ -159,9 +168,15 @@ def _paragraphs(text: str) -> str:
     return "".join(f"<p>{_e(p)}</p>" for p in text.split("\n\n") if p.strip())
 
 
+def _acct_badge(c: Claim) -> str:
+    """An accounting entry is not a verdict: grey, and only an error is flagged."""
+    return _badge(False) if c.error else '<span class="badge acct">ACCOUNTING</span>'
+
+
 def _section(c: Claim, stem: str) -> str:
-    parts = [f'<section id="claim-{_e(stem)}" class="{"pass" if c.passed else "fail"}">',
-             f"<h2>{_e(c.title)} {_badge(c.passed)}</h2>",
+    acct = c.kind == "accounting"
+    parts = [f'<section id="claim-{_e(stem)}" class="{"acct" if acct else "pass" if c.passed else "fail"}">',
+             f"<h2>{_e(c.title)} {_acct_badge(c) if acct else _badge(c.passed)}</h2>",
              f"<p><code>{_e(c.id)}</code> &middot; {c.seconds:.1f} s</p>",
              f"<p><b>Claim.</b> {_e(c.statement)}</p>",
              f"<p><b>Criterion.</b> {_e(c.criterion or '(the checks below)')}</p>"]
@@ -198,26 +213,43 @@ def _meta_table(meta: dict) -> str:
     return f'<table class="meta">{"".join(rows)}</table>'
 
 
+def _row(c: Claim, stem: str) -> str:
+    acct = c.kind == "accounting"
+    cls = "acct" if acct else "pass" if c.passed else "fail"
+    return (f'<tr class="{cls}"><td><a href="#claim-{_e(stem)}">{_e(c.title)}</a><br><code>{_e(c.id)}'
+            f"</code></td><td>{_e(c.criterion_text)}</td><td>{_e(summary_text(c))}</td>"
+            f'<td>{_acct_badge(c) if acct else _badge(c.passed)}</td><td class="num">{c.seconds:.1f}</td></tr>')
+
+
+def _accounting(entries: Sequence[tuple[Claim, str]]) -> list[str]:
+    if not entries:
+        return []
+    return ["<h2>Accounting (shown, not counted as verified claims)</h2>",
+            "<p>Counts that hold by construction: a FLOP count is read off the operands' shapes, so it cannot "
+            "come out otherwise for the shapes the theory names. They are shown for what they count and what "
+            "they leave out, and are not part of the verdict above.</p>",
+            "<table><thead><tr><th>entry</th><th>how it is counted</th><th>counted</th><th></th><th>seconds</th>"
+            "</tr></thead><tbody>", *[_row(c, s) for c, s in entries], "</tbody></table>",
+            *[_section(c, s) for c, s in entries]]
+
+
 def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> str:
-    """The whole report page as a string (summary table, a section per claim, machine metadata)."""
+    """The whole report page as a string (summary table, a section per claim, the accounting, machine metadata)."""
     meta = meta or {}
     stems = stems or _stems(claims)
-    passed = sum(bool(c.passed) for c in claims)
-    title = f"attnlab verify: {passed} of {len(claims)} claims pass"
-    rows = []
-    for c, stem in zip(claims, stems):
-        cls = "pass" if c.passed else "fail"
-        rows.append(f'<tr class="{cls}"><td><a href="#claim-{_e(stem)}">{_e(c.title)}</a><br><code>{_e(c.id)}'
-                    f"</code></td><td>{_e(c.criterion_text)}</td><td>{_e(summary_text(c))}</td><td>{_badge(c.passed)}"
-                    f'</td><td class="num">{c.seconds:.1f}</td></tr>')
-    verdict = ("every claim passed" if passed == len(claims) else
-               f"{len(claims) - passed} claim{'s' if len(claims) - passed != 1 else ''} failed")
+    verified = [(c, s) for c, s in zip(claims, stems) if c.kind != "accounting"]
+    accounting = [(c, s) for c, s in zip(claims, stems) if c.kind == "accounting"]
+    passed = sum(bool(c.passed) for c, _ in verified)
+    title = f"attnlab verify: {passed} of {len(verified)} claims pass"
+    rows = [_row(c, s) for c, s in verified]
+    verdict = ("every claim passed" if passed == len(verified) else
+               f"{len(verified) - passed} claim{'s' if len(verified) - passed != 1 else ''} failed")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
-        f'<p class="verdict">{_badge(passed == len(claims))} {_e(verdict)}'
+        f'<p class="verdict">{_badge(passed == len(verified))} {_e(verdict)}'
         + (f" &middot; {_e(_fmt(meta['total_seconds']))} s in all" if "total_seconds" in meta else "")
         + (" &middot; quick mode (small sizes)" if meta.get("quick") else "") + "</p>",
         "<p>Each claim of the theory of self-attention, checked on this machine: what was measured, the pass "
@@ -225,7 +257,7 @@ def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
         "result.</p>",
         "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
         "</tr></thead><tbody>", *rows, "</tbody></table>",
-        *[_section(c, s) for c, s in zip(claims, stems)],
+        *[_section(c, s) for c, s in verified], *_accounting(accounting),
         "<h2>Machine and versions</h2>", _meta_table(meta),
         "</body></html>", ""])
 

@@ -1,7 +1,8 @@
 """The ``attnlab verify`` runner: collect every experiment, run each with timing, write the report.
 
 Experiments live in the ``lab/exp_*.py`` modules named in ``MODULES``; each lists its functions
-``(ctx: VerifyContext) -> Claim`` in ``CLAIMS``. A claim's id is known before it runs (see
+``(ctx: VerifyContext) -> Claim`` in ``CLAIMS`` (verified claims) and ``ACCOUNTING`` (counts that hold
+by construction: shown in the report, never counted). A claim's id is known before it runs (see
 ``claim_id``), so ``only=[...]`` selects by id (or by module name) without running anything else.
 An experiment that raises becomes a failed Claim carrying the traceback in ``error``: one broken
 experiment never loses the rest of the report.
@@ -9,7 +10,7 @@ experiment never loses the rest of the report.
 Example::
 
     result = run_verify(quick=True, only=["sqrt-dk-scaling"], out="runs/verify")
-    result.all_passed, result.paths["html"]
+    result.all_passed, result.paths["html"]     # judged on result.claims; result.accounting is shown only
 """
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ class ClaimEntry:
     id: str             # the claim's id, known before running
     module: str         # "exp_basics"
     fn: ClaimFn
+    kind: str = "claim"  # "claim" (from CLAIMS) or "accounting" (from ACCOUNTING: shown, not counted)
 
 
 def claim_id(fn: Callable) -> str:
-    """The id of the claim ``fn`` returns: ``fn.claim_id``, else its name without ``claim_``, kebab-cased.
+    """The id of the claim ``fn`` returns: ``fn.claim_id``, else its name without ``claim_`` (or ``account_``),
+    kebab-cased.
 
     Example::
 
@@ -58,7 +61,11 @@ def claim_id(fn: Callable) -> str:
     if explicit:
         return str(explicit)
     name = getattr(fn, "__name__", type(fn).__name__)
-    return name.removeprefix("claim_").replace("_", "-")
+    for prefix in ("claim_", "account_"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    return name.replace("_", "-")
 
 
 def _import(name: str):
@@ -84,12 +91,13 @@ def collect(modules: Sequence[str] = tuple(MODULES)) -> list[ClaimEntry]:
             log.error("verify: importing %s failed: %s", name, e)
             entries.append(_import_failed(name, e))
             continue
-        fns = getattr(mod, "CLAIMS", None)
-        if not isinstance(fns, (list, tuple)) or not all(callable(f) for f in fns):
-            entries.append(_import_failed(name, TypeError(
-                f"attnlab.lab.{name}.CLAIMS must be a list of functions (ctx) -> Claim, got {type(fns).__name__}")))
-            continue
-        entries += [ClaimEntry(claim_id(f), name, f) for f in fns]
+        for attr, kind, default in (("CLAIMS", "claim", None), ("ACCOUNTING", "accounting", [])):
+            fns = getattr(mod, attr, default)
+            if not isinstance(fns, (list, tuple)) or not all(callable(f) for f in fns):
+                entries.append(_import_failed(name, TypeError(
+                    f"attnlab.lab.{name}.{attr} must be a list of functions (ctx) -> Claim, got {type(fns).__name__}")))
+                continue
+            entries += [ClaimEntry(claim_id(f), name, f, kind) for f in fns]
     ids = [e.id for e in entries]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -120,7 +128,8 @@ def _seed(seed: int) -> None:
 def _error_claim(entry: ClaimEntry, err: str) -> Claim:
     doc = (entry.fn.__doc__ or "").strip().split("\n")[0]
     return Claim(entry.id, doc or entry.id, statement=doc or f"(experiment {entry.module}.{entry.id})",
-                 criterion="(not reached: the experiment raised before judging)", passed=False, error=err)
+                 criterion="(not reached: the experiment raised before judging)", passed=False, error=err,
+                 kind=entry.kind)
 
 
 def run_one(entry: ClaimEntry, ctx: VerifyContext) -> Claim:
@@ -141,6 +150,7 @@ def run_one(entry: ClaimEntry, ctx: VerifyContext) -> Claim:
         torch.set_grad_enabled(grad)
     claim.seconds = time.perf_counter() - t0
     claim.passed = bool(claim.passed) and claim.error is None
+    claim.kind = entry.kind              # the module's list decides: CLAIMS are counted, ACCOUNTING is not
     if claim.id != entry.id:
         log.warning("verify: %s returned id %r but is selected as %r (name it claim_%s or set fn.claim_id)",
                     entry.module, claim.id, entry.id, claim.id.replace("-", "_"))
@@ -161,9 +171,10 @@ def run_claims(entries: Sequence[ClaimEntry], ctx: VerifyContext) -> list[Claim]
 
 @dataclass
 class VerifyResult:
-    claims: list[Claim]
+    claims: list[Claim]                          # the verified claims: the verdict and the count
     paths: dict = field(default_factory=dict)    # {"html", "json", "figures"} from report.write_report
     seconds: float = 0.0
+    accounting: list[Claim] = field(default_factory=list)   # shown in the report, not counted
 
     @property
     def all_passed(self) -> bool:
@@ -198,4 +209,5 @@ def run_verify(*, quick: bool = False, only: Optional[Sequence[str]] = None, out
     meta["total_seconds"] = round(time.perf_counter() - t0, 1)
     from .report import write_report
     paths = write_report(claims, out, meta)
-    return VerifyResult(claims, paths, time.perf_counter() - t0)
+    return VerifyResult([c for c in claims if c.kind == "claim"], paths, time.perf_counter() - t0,
+                        [c for c in claims if c.kind == "accounting"])
