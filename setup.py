@@ -1,5 +1,6 @@
-"""Builds attnlab's compiled CPU kernel with ``torch.utils.cpp_extension``: ``attnlab._native_<isa>``, one
-module per instruction-set level (``functional/backends/native_build.py`` picks one at import).
+"""Builds attnlab's compiled CPU kernel with ``torch.utils.cpp_extension``:
+``attnlab.functional.backends._native_<isa>`` (beside the backend that loads it), one module per
+instruction-set level (``functional/backends/native_build.py`` picks one at import).
 
 Everything else about the package is in pyproject.toml. The extension is built against the torch
 already installed (the Makefile pins torch==2.13.0 and installs with --no-build-isolation: an
@@ -69,7 +70,7 @@ try:
     sources = [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp",
                                                "microkernel.cpp", "amx.cpp")]
     ext_modules = [CppExtension(
-        f"attnlab._native_{isa}", sources,
+        f"attnlab.functional.backends._native_{isa}", sources,
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-unknown-pragmas"] + flags,
         extra_link_args=["-fopenmp"],
     ) for isa, flags in _isa_builds().items()]

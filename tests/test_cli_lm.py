@@ -160,7 +160,7 @@ def test_resume_defaults_to_the_checkpoints_own_directory(tmp_path, monkeypatch,
     (["--eval-iters", "0"], "--eval-iters must be >= 1"),
     (["--lr", "1e-6"], "--lr"),                                              # below the preset's min_lr
     (["--out", "README.md"], "--out README.md is a file"),
-    (["--out", "/proc/nope"], "--out /proc/nope cannot be created"),
+    (["--out", "/proc/nope"], "--out /proc/nope: /proc is not writable"),
 ])
 def test_train_errors_name_flags(tmp_path, monkeypatch, capsys, argv, flag):
     (tmp_path / "code.txt").write_text(TEXT)
@@ -258,3 +258,58 @@ def test_context_fill_warns_once(run_dir, monkeypatch, capsys):
     rc, rec = generate(monkeypatch, str(run_dir), "--prompt", "def", "--max-new-tokens", "60", "--seed", "0")
     err = capsys.readouterr().err
     assert rc == 0 and err.count("the context (16 tokens) is full") == 1, err
+
+
+# -- generate: inputs that used to do nothing, or a traceback (issue #28) --------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--stop", ""], "--stop must not be empty"),
+    (["--stop", "\\n", ""], "--stop must not be empty"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 2**63 - 1"),
+    (["--seed", str(2 ** 64)], "--seed must be an integer from 0 to 2**63 - 1"),
+])
+def test_generate_refuses_a_stop_or_seed_that_cannot_work(run_dir, monkeypatch, capsys, argv, message):
+    rc, rec = generate(monkeypatch, str(run_dir), "--prompt", "def", "--max-new-tokens", "5", *argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"attnlab: error: {message}" in err and "Traceback" not in err, err
+    assert rec.writes == []
+
+
+def test_stop_escapes(capsys):
+    from attnlab.cli import build_parser
+    args = build_parser().parse_args(["generate", "run", "--stop", "\\n\\n", "\\u2713", "é✓", "a\\\\b"])
+    assert args.stop == ["\n\n", "✓", "é✓", "a\\b"]
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["generate", "run", "--stop", "\\x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --stop: cannot read the escapes in '\\\\x'" in err, err
+
+
+def _task_run(path, task):
+    from attnlab.train.checkpoint import save_checkpoint
+    save_checkpoint(path, 1, task.build_model(), tokenizer_json=task.tokenizer_json() or "",
+                    model_config=task.model_config(), train_config={},
+                    extra={"task": task.name, "data": task.info()})
+
+
+def _vit():
+    from attnlab.models.vit import ViTConfig
+    from attnlab.tasks.vit import ViTTask
+    return ViTTask(ViTConfig.preset("digits", n_layers=1, d_model=16, n_heads=2))
+
+
+def _seq2seq():
+    from attnlab.data.seq2seq_tasks import make_task
+    from attnlab.tasks.seq2seq import Seq2SeqTask, default_config
+    data = make_task("reversal", n_symbols=6, min_len=2, max_len=6)
+    return Seq2SeqTask(data, default_config(data, d_model=16, n_heads=2))
+
+
+@pytest.mark.parametrize("make, name", [(_vit, "vit"), (_seq2seq, "seq2seq")])
+def test_generate_on_a_run_that_is_not_a_language_model(make, name, tmp_path, monkeypatch, capsys):
+    _task_run(tmp_path / name, make())
+    rc, rec = generate(monkeypatch, str(tmp_path / name), "--prompt", "x")
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"attnlab: error: {tmp_path / name} is a {name!r} run: generate takes a "
+                                      "language-model run (written by `attnlab train gpt or code`)"), err
+    assert "Traceback" not in err and rec.writes == []
+

@@ -1,5 +1,6 @@
-"""The import graph of ``src/attnlab``: no cycles, and the kernels (``attnlab.functional``) never import a
-positional scheme (``attnlab.positional``): they know biases by interface, not by name.
+"""The import graph of ``src/attnlab``: no cycles, no import that runs up the floors (``FLOORS``: from the
+CLI down to the kernels), and the kernels (``attnlab.functional``) never import a positional scheme
+(``attnlab.positional``): they know biases by interface, not by name.
 
 The graph is read from the source with ``ast`` (nothing is imported), one node per module
 (``pkg/__init__.py`` is ``pkg``). An edge A -> B is a statement in A that runs B when it executes:
@@ -234,6 +235,41 @@ def upward_imports(edges: list[Edge], lower: str, upper: str) -> list[Edge]:
     return [e for e in edges if within(e.source, lower) and within(e.target, upper)]
 
 
+# The floors of the package, top first: a module may import its own floor's packages and every floor below,
+# never one above (issue #29). The root package is the facade over the kernels (``al.attention``; its
+# ``nn``/``models`` re-exports are lazy ``__getattr__`` look-ups, not imports), with the two leaf helpers.
+FLOORS = [
+    {"attnlab.__main__", "attnlab.cli"},
+    {"attnlab.web"},
+    {"attnlab.lab"},
+    {"attnlab.bench"},
+    {"attnlab.tasks"},
+    {"attnlab.train"},
+    {"attnlab.models", "attnlab.integrations", "attnlab.data"},
+    {"attnlab.nn"},
+    {"attnlab.positional"},
+    {"attnlab", "attnlab.presets", "attnlab.numpy_reference"},
+    {"attnlab.functional"},
+]
+
+
+def floor_of(module: str, floors: list[set[str]]) -> int:
+    """The index in ``floors`` of the longest package (or module) name that ``module`` is or is inside."""
+    best, where = -1, None
+    for i, names in enumerate(floors):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, where = len(name), i
+    if where is None:
+        raise AssertionError(f"{module} is on no floor: add its package to FLOORS")
+    return where
+
+
+def upward_edges(edges: list[Edge], floors: list[set[str]]) -> list[Edge]:
+    """Imports from a module to one on a higher floor."""
+    return [e for e in edges if floor_of(e.target, floors) < floor_of(e.source, floors)]
+
+
 @pytest.fixture(scope="module")
 def graph():
     return import_graph(SRC)
@@ -244,6 +280,26 @@ def test_no_import_cycle_in_src(graph):
     cycles = describe_cycles(*graph)
     assert not cycles, "import cycles (break each loop, e.g. move what both sides need into a third " \
                        "module):\n" + "\n".join(cycles)
+
+
+def test_no_import_runs_up_the_floors(graph):
+    bad = upward_edges(graph[1], FLOORS)
+    assert not bad, "imports that run up the floors (FLOORS, top first; move the shared piece down, or the " \
+                    "importer up):\n" + "\n".join(map(str, bad))
+
+
+def test_the_compiled_kernel_lives_beside_its_backend():
+    # native_build loads it by a computed name (one module per instruction-set level), which the graph cannot
+    # see: its place is checked here instead (issue #29: it sat at the package root, a floor up).
+    compiled = compiled_modules(SRC)
+    assert compiled, "setup.py declares no compiled module"
+    for module in compiled:
+        assert module.startswith("attnlab.functional.backends._native_"), module
+
+
+def test_every_module_is_on_a_floor(graph):
+    for module in graph[0]:
+        floor_of(module, FLOORS)
 
 
 def test_functional_never_imports_positional(graph):
@@ -317,6 +373,21 @@ def test_import_module_with_a_literal_is_an_import(tmp_path):
     })
     modules, edges = import_graph(root, "pkg")
     assert strongly_connected(modules, edges) == [["pkg.sub", "pkg.sub.k"]]
+
+
+def test_an_upward_import_is_found(tmp_path):
+    root = _package(tmp_path, {
+        "pkg/__init__.py": "from .functional import k\n",
+        "pkg/functional/__init__.py": "k = 1\n",
+        "pkg/functional/native.py": "def f():\n    from .. import _ext\n",     # the compiled module, one floor up
+        "pkg/_ext.py": "",
+        "pkg/cli.py": "from .functional import native\n",
+    })
+    floors = [{"pkg.cli"}, {"pkg", "pkg._ext"}, {"pkg.functional"}]
+    modules, edges = import_graph(root, "pkg")
+    assert [(e.source, e.target, e.lazy) for e in upward_edges(edges, floors)] == [
+        ("pkg.functional.native", "pkg._ext", True)]
+    assert floor_of("pkg.functional.native", floors) == 2 and floor_of("pkg", floors) == 1
 
 
 def test_relative_imports_resolve_against_the_package(tmp_path):

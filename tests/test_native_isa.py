@@ -64,7 +64,7 @@ def test_the_avx2_build_holds_no_avx512_instruction():
     import shutil
     if "avx2" not in native_build.runnable_isas() or shutil.which("objdump") is None:
         pytest.skip("no avx2 build or no objdump here")
-    path = importlib.import_module("attnlab._native_avx2").__file__
+    path = importlib.import_module("attnlab.functional.backends._native_avx2").__file__
     text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True,
                           timeout=120).stdout
     assert "%ymm" in text                                   # vectorized (at::vec's AVX2 code), but

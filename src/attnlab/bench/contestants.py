@@ -29,8 +29,8 @@ from ..functional import attention, available_backends, choose_backend
 from ..functional.request import make_request
 from .cases import Case, attnlab_mask, flex_mods, sdpa_kwargs
 
-__all__ = ["PEERS", "Runner", "make_runner", "reset_flex", "estimate_peak_bytes", "memory_skip_reason",
-           "contestant_names"]
+__all__ = ["PEERS", "Runner", "make_runner", "reset_flex", "input_bytes", "estimate_peak_bytes",
+           "memory_skip_reason", "contestant_names"]
 
 PEERS = ("torch-sdpa", "flex")
 GB = 1e9
@@ -140,10 +140,22 @@ def _quadratic_bytes(name: str, case: Case) -> float:
     return 0.0
 
 
-def estimate_peak_bytes(name: str, case: Case) -> int:
-    """Rough peak extra memory of one step, to refuse cases that would exhaust RAM."""
+def _elements(case: Case) -> int:
+    """Elements of one (B, H, n, D) tensor of the case."""
+    return case.batch * case.heads * case.n * case.head_dim
+
+
+def input_bytes(case: Case) -> int:
+    """Bytes of what a case allocates before any contestant runs: q, k, v and, for fwdbwd, the
+    upstream gradient (``cases.make_inputs``, ``contestants._wrap``). Every contestant needs them."""
     elem = torch.tensor([], dtype=case.torch_dtype).element_size()
-    linear = 8 * case.batch * case.heads * case.n * case.head_dim * elem    # outputs, grads, stats
+    return (3 + (case.mode == "fwdbwd")) * _elements(case) * elem
+
+
+def estimate_peak_bytes(name: str, case: Case) -> int:
+    """Rough peak extra memory of one step beyond its inputs (what ``measure_peak`` reports)."""
+    elem = torch.tensor([], dtype=case.torch_dtype).element_size()
+    linear = 8 * _elements(case) * elem       # the output, q/k/v's gradients, stats, temporaries
     return int(linear + _quadratic_bytes(name, case))
 
 
@@ -159,14 +171,27 @@ def _available_bytes() -> Optional[int]:
 
 
 def memory_skip_reason(name: str, case: Case, limit_gb: float) -> Optional[str]:
-    """Why running ``name`` on ``case`` could exhaust memory (None if it looks safe).
+    """Why running ``name`` on ``case`` could exhaust memory (None if it looks safe), decided before
+    anything is allocated: the inputs (``input_bytes``) plus the step's own peak (``estimate_peak_bytes``).
 
     Refuses above ``limit_gb`` and above 90% of what the OS says is available right now.
+
+    Example:
+        memory_skip_reason("reference", Case("none", 10_000_000, "float32", "fwd"), 16.0)
+        # "skipped: would need ~17,600,225 GB (inputs q, k, v 61.4 GB + the step 17,600,164 GB; limit 16 GB)"
     """
-    need = estimate_peak_bytes(name, case)
+    inputs, step = input_bytes(case), estimate_peak_bytes(name, case)
+    need = inputs + step
+    parts = f"inputs {'q, k, v, grad' if case.mode == 'fwdbwd' else 'q, k, v'} {_gb(inputs)} + the step {_gb(step)}"
     if need > limit_gb * GB:
-        return f"skipped: would need ~{need / GB:.0f} GB (limit {limit_gb:g} GB)"
+        return f"skipped: would need ~{_gb(need)} ({parts}; limit {limit_gb:g} GB)"
     avail = _available_bytes()
     if avail is not None and need > 0.9 * avail:
-        return f"skipped: would need ~{need / GB:.1f} GB, {avail / GB:.1f} GB available"
+        return f"skipped: would need ~{_gb(need)} ({parts}), {avail / GB:.1f} GB available"
     return None
+
+
+def _gb(b: float) -> str:
+    """Bytes in GB, three significant digits and never an exponent: 0.0671 GB, 61.4 GB, 17,600,225 GB."""
+    gb = b / GB
+    return f"{gb:.3g} GB" if gb < 1000 else f"{gb:,.0f} GB"

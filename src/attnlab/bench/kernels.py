@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .cases import DTYPES, MASK_KINDS, MODES, Case, make_inputs, useful_flops
-from .contestants import PEERS, contestant_names, make_runner, memory_skip_reason, reset_flex
+from .contestants import (PEERS, contestant_names, estimate_peak_bytes, input_bytes, make_runner, memory_skip_reason,
+                          reset_flex)
 from .machine import LoadMonitor, machine_info
 from .memory import extrapolate, measure_peak
 from .timing import gemm_peak_gflops, time_interleaved
 
-__all__ = ["BenchConfig", "QUICK", "AUTO_WITHIN", "run_kernels", "run_case"]
+__all__ = ["BenchConfig", "QUICK", "AUTO_WITHIN", "run_kernels", "run_case", "nothing_fits"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,27 @@ def _skip_reason(name: str, case: Case, cfg: BenchConfig) -> Optional[str]:
     return memory_skip_reason(name, case, cfg.memory_limit_gb)
 
 
+def nothing_fits(cfg: BenchConfig) -> Optional[str]:
+    """Why no contestant of any case would run (every one skipped, e.g. over ``memory_limit_gb``), as the
+    smallest case's reason; None when something will run. Checked before the GEMM peaks are measured.
+
+    Example:
+        nothing_fits(BenchConfig(n=[10_000_000], backends=["reference"]))
+        # 'none n=10000000 float32 fwd, torch-sdpa: skipped: would need ~225 GB (inputs q, k, v 61.4 GB + ...)'
+    """
+    cases = _cases(cfg)
+    for case in cases:
+        if any(_skip_reason(name, case, cfg) is None
+               for name in contestant_names(cfg.backends, flex=_runs_flex(case, cfg))):
+            return None
+    if not cases:
+        return None
+    small = min(cases, key=lambda c: (c.n, c.mode == "fwdbwd"))
+    name = min(contestant_names(cfg.backends, flex=_runs_flex(small, cfg)),
+               key=lambda nm: input_bytes(small) + estimate_peak_bytes(nm, small))
+    return f"{small.label()}, {name}: {_skip_reason(name, small, cfg)}"
+
+
 def _runs_flex(case: Case, cfg: BenchConfig) -> bool:
     return cfg.flex and (cfg.flex_cases is None or (case.mask, case.n) in [tuple(c) for c in cfg.flex_cases])
 
@@ -120,14 +142,17 @@ def run_case(case: Case, cfg: BenchConfig) -> list[dict]:
     Each contestant is built and called once (warm-up, output check), then all are timed
     round-robin, so a drift in the machine's speed hits every contestant alike.
     """
-    q, k, v = make_inputs(case)
+    names = contestant_names(cfg.backends, flex=_runs_flex(case, cfg))
+    skips = {name: _skip_reason(name, case, cfg) for name in names}
+    # the inputs only when someone will use them: a case over the memory limit allocates nothing
+    q, k, v = make_inputs(case) if any(why is None for why in skips.values()) else (None, None, None)
     flops = useful_flops(case)
     rows, live, yardstick = [], [], None
-    for name in contestant_names(cfg.backends, flex=_runs_flex(case, cfg)):
+    for name in names:
         row = dict(case=case.to_dict(), contestant=name, peer=name in PEERS, useful_gflop=flops / 1e9,
                    status="ok", notes=[])
         rows.append(row)
-        skip = _skip_reason(name, case, cfg)
+        skip = skips[name]
         if skip:
             row.update(status="skipped", notes=[skip])
             continue

@@ -11,20 +11,25 @@
     attnlab bench --ring [--quick]                # ring attention, 2 ranks x 1 thread vs one process, n=65536
     attnlab bench --device cuda [--quick]         # on a GPU: the triton kernel vs SDPA flash and FlexAttention
 
-Progress goes to stderr (through ``logging``), the table to stdout, the report to a JSON file.
+Progress goes to stderr (through ``logging``), the table to stdout, the report to a JSON file
+(``--json``, default ``bench-results/<benchmark>.json``, checked writable before anything runs).
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..functional import available_backends
-from .util import fail
+from .util import fail, fail_run, writable_file
 
 __all__ = ["add_bench", "BENCHMARKS", "Benchmark"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_KERNELS_JSON = "bench-results/kernels.json"
 DEFAULT_SCALING_JSON = "bench-results/memory-scaling.json"
@@ -84,7 +89,7 @@ def _complexity(args: argparse.Namespace):
         cfg.mask, cfg.mode, cfg.targets = (args.mask or [None])[0], (args.mode or ["fwd"])[0], False
     report = run_complexity(cfg, args.argv)
     path = args.json or DEFAULT_COMPLEXITY_JSON
-    return report, format_complexity(report), path, plot_complexity(report, path.removesuffix(".json"))
+    return report, format_complexity(report), path, _plots(lambda: plot_complexity(report, path.removesuffix(".json")))
 
 
 def _favor_accuracy(args: argparse.Namespace):
@@ -97,7 +102,19 @@ def _favor_accuracy(args: argparse.Namespace):
             setattr(cfg, key, val)
     report = run_favor_accuracy(cfg, args.argv)
     path = args.json or DEFAULT_ACCURACY_JSON
-    return report, format_accuracy(report), path, [plot_accuracy(report, path.removesuffix(".json") + ".png")]
+    return report, format_accuracy(report), path, _plots(lambda: [plot_accuracy(report, path.removesuffix(".json")
+                                                                                + ".png")])
+
+
+def _plots(draw: Callable[[], list[str]]) -> list[str]:
+    """The PNGs ``draw`` writes, or none (and a warning) when the disk refuses them: a benchmark's numbers
+    are worth more than its pictures, and must still reach the table and the JSON."""
+    try:
+        return draw()
+    except OSError as e:
+        log.warning("warning: the plots could not be written (%s%s); the table and the JSON still are",
+                    e.strerror or e, f": {e.filename}" if e.filename else "")
+        return []
 
 
 def _lm(args: argparse.Namespace):
@@ -167,7 +184,13 @@ def _gpu(args: argparse.Namespace):
 def _kernels(args: argparse.Namespace):
     """(report, text, json path, no plots) of the kernel table, the default benchmark."""
     from ..bench import format_table, run_kernels
-    report = run_kernels(_bench_config(args), args.argv)
+    from ..bench.kernels import nothing_fits
+    cfg = _bench_config(args)
+    why = nothing_fits(cfg)
+    if why is not None:                           # refused before the first tensor is allocated
+        raise ValueError(f"nothing would run: the smallest case, {why}; lower --n, --batch, --heads or "
+                         "--head-dim, or raise --memory-limit-gb")
+    report = run_kernels(cfg, args.argv)
     return report, format_table(report), args.json or DEFAULT_KERNELS_JSON, []
 
 
@@ -224,9 +247,17 @@ def _chosen(args: argparse.Namespace) -> list[str]:
     return [name for name in BENCHMARKS if name in asked]
 
 
+def _json_path(args: argparse.Namespace) -> str:
+    """Where the report goes: --json, else ``bench-results/<name>.json`` of the benchmark chosen (kernels:
+    the table), the DEFAULT_*_JSON above."""
+    chosen = _chosen(args)
+    return args.json if args.json is not None else f"bench-results/{chosen[0] if chosen else 'kernels'}.json"
+
+
 def _bench_usage(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with the options before anything runs: two benchmarks at once, a size that is not
-    positive, or --contention with a benchmark other than the kernel table."""
+    positive, a limit that is not a positive number, --contention with a benchmark other than the kernel
+    table, or a --json path that cannot be written."""
     flags = [BENCHMARKS[name].flag for name in _chosen(args)]
     if len(flags) > 1:
         return f"{' and '.join(flags)} are separate benchmarks: give one of them per run"
@@ -237,9 +268,16 @@ def _bench_usage(args: argparse.Namespace) -> Optional[str]:
         values = value if isinstance(value, list) else [value]
         if any(v is not None and v < 1 for v in values):
             return f"{flag} must be >= 1, got {' '.join(map(str, values))}"
+    for flag, value in (("--memory-limit-gb", args.memory_limit_gb), ("--run-budget-s", args.run_budget_s)):
+        if value is not None and not 0 < value < math.inf:
+            return f"{flag} must be a positive number, got {value:g}"
     if args.contention and flags:
         return (f"--contention times the kernel bench's cases (--n, --mask, --mode, --dtype, --backend); "
                 f"it does not apply to {flags[0]}: drop one of the two")
+    try:
+        writable_file(_json_path(args), "--json")    # now, not after an hour of benchmarking
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -258,10 +296,14 @@ def _bench(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     chosen = _chosen(args)
     run = BENCHMARKS[chosen[0]].run if chosen else _kernels
+    args.json = _json_path(args)                  # the path checked before the run is the one written
     report, text, path, plots = run(args)
     report["meta"]["total_wall_s"] = time.perf_counter() - t0
-    write_json(report, path)
-    print(text, end="")
+    print(text, end="")                           # first: a disk that fails now must not take the results along
+    try:
+        write_json(report, path)
+    except OSError as e:
+        return fail_run(f"could not write --json {path} ({e.strerror or e}); the results are the table above")
     print(f"wrote {', '.join([path] + plots)} ({report['meta']['total_wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
@@ -305,7 +347,9 @@ def add_bench(sub) -> None:
                         "killed after each case's contended runs); adds busy ms and the slowdown x busy per row")
     b.add_argument("--run-budget-s", type=float,
                    help="--complexity: skip a point whose single run is predicted above this (default 30)")
-    b.add_argument("--memory-limit-gb", type=float, help="skip anything estimated above this (default 16)")
+    b.add_argument("--memory-limit-gb", type=float,
+                   help="skip a case (before allocating it) whose inputs plus the step are estimated above this "
+                        "many GB (default 16)")
     b.add_argument("--ring-ranks", type=int, help="--ring: processes in the ring (default 2)")
     b.add_argument("--ring-threads", type=int, help="--ring: torch threads per rank (default 1)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",

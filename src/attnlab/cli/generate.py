@@ -1,9 +1,10 @@
-"""``attnlab generate``: sample from a GPT trained by ``attnlab train gpt`` (see ``cli.train``).
+"""``attnlab generate``: sample from a language model trained by ``attnlab train gpt`` or ``train code``.
 
     attnlab generate runs/code --prompt "def " --max-new-tokens 200 --top-k 20 --seed 0 --stop "\\n\\n"
 
 Results go to stdout, progress and warnings to stderr. Errors (unknown data path, a prompt the
-tokenizer cannot encode, a broken checkpoint) end with "attnlab: error: ..." and exit status 2.
+tokenizer cannot encode, a broken checkpoint, a run of another task such as vit) end with
+"attnlab: error: ..." and exit status 2.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def stream_with_stops(pieces, stops: list[str]):
 
 def _check_sampling(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is loaded or printed."""
+    from ..train.config import check_seed
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not 0 <= args.temperature < float("inf"):
@@ -46,6 +48,25 @@ def _check_sampling(args: argparse.Namespace) -> None:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not args.prompt:
         raise ValueError("--prompt must not be empty (the model needs at least one token to continue)")
+    if args.stop is not None and "" in args.stop:
+        raise ValueError("--stop must not be empty: every text contains the empty string, so nothing would be "
+                         "generated; give the text to stop at, e.g. --stop '\\n\\n'")
+    if args.seed is not None:
+        check_seed(args.seed, "--seed")
+
+
+# The tasks whose checkpoints hold a language model (a GPT, or the code task's LSTM baseline)
+LANGUAGE_MODEL_TASKS = ("gpt", "code")
+
+
+def _check_task(path: str) -> None:
+    """ValueError when the checkpoint at ``path`` is not a language model (a ViT, a seq2seq model, ...)."""
+    from ..train.checkpoint import load_checkpoint
+    task = load_checkpoint(path, train_state=False).extra.get("task", "gpt")   # before tasks: a GPT
+    if task not in LANGUAGE_MODEL_TASKS:
+        raise ValueError(f"{path} is a {task!r} run: generate takes a language-model run (written by "
+                         f"`attnlab train {' or '.join(LANGUAGE_MODEL_TASKS)}`); use `attnlab eval {path}` or "
+                         f"`attnlab show --checkpoint {path}` for this one")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -68,6 +89,7 @@ def _generate(args: argparse.Namespace) -> int:
     from ..train import CheckpointError
     try:
         _check_sampling(args)
+        _check_task(args.checkpoint)
         model, tok = load_language_model(args.checkpoint)          # a GPT, or the code task's LSTM baseline
         ids = tok.encode(args.prompt)
         if len(ids) > model.cfg.max_len:
@@ -97,8 +119,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def add_generate(sub) -> None:
-    g = sub.add_parser("generate", help="sample text from a trained GPT checkpoint, streamed as it comes",
-                       description="Continue --prompt with a model saved by `attnlab train`. Tokens are printed as "
+    g = sub.add_parser("generate", help="sample text from a trained language model (a gpt or code run), streamed",
+                       description="Continue --prompt with a language model saved by `attnlab train gpt` or "
+                                   "`attnlab train code`. Tokens are printed as "
                                    "they are sampled. A prompt longer than the model's context is cut from the left "
                                    "(with a warning).")
     g.add_argument("checkpoint", help="a run directory (its latest checkpoint) or a step-NNNNNN directory")
@@ -116,4 +139,13 @@ def add_generate(sub) -> None:
 
 
 def _unescape(s: str) -> str:
-    return s.encode("utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8")
+    """``--stop``'s text with Python's escapes read: '\\n' -> newline, '\\u2713' -> '✓'; other characters as given.
+
+    Characters beyond latin-1 become \\uXXXX escapes first, so that unicode_escape (which reads bytes as
+    latin-1) gives them back unchanged.
+    """
+    try:
+        return s.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeError as e:
+        raise argparse.ArgumentTypeError(f"cannot read the escapes in {s!r} ({e.reason}); write \\n, \\t, "
+                                         "\\\\ or \\uXXXX, or the character itself") from None

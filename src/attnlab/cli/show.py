@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 from .show_common import out_file, pick, reject_unused
 from .show_tasks import show_evoformer, show_vqa
-from .util import fail
+from .util import fail, writable_dir
 
 __all__ = ["add_show", "show_text", "DEFAULT_OUT"]
 
@@ -224,6 +224,7 @@ def _run_show(args: argparse.Namespace) -> int:
         for flag, v in (("--layer", args.layer), ("--head", args.head), ("--image-index", args.image_index)):
             if v is not None and v < 0:
                 raise ValueError(f"{flag} must be >= 0, got {v}")
+        writable_dir(args.out, "--out")                            # before a model is loaded
         if args.checkpoint is not None:
             kind = _checkpoint_kind(args.checkpoint)
             if kind not in _CHECKPOINT_RENDERERS:

@@ -13,16 +13,32 @@ directory, resume...) and adds its own (``TaskSpec.add_arguments``). Under torch
 trains its slice of the global ``--batch-size``; only rank 0 writes (checkpoints, metrics, output)
 and the other ranks log warnings only (see ``train/distributed.py``).
 
-Results go to stdout, progress and warnings to stderr. Errors (unknown data path, a broken
-checkpoint, bad options) end with "attnlab: error: ..." naming the flag, and exit status 2. Ctrl-C
-finishes the step, saves a checkpoint and exits with status 130.
+Before any work, every option is checked (the trainer's and the task's: ``TaskSpec.validate``), the
+output directory is checked for writing and for room for a checkpoint (``writable_dir``), and one
+training step's memory is estimated from the config (``train.sizes``): a refused run reads no data and
+creates no directory. The run directory is locked while a trainer writes it (``OUT/.lock``, an OS
+``flock`` holding the holder's pid, host and start time; released however the process ends): a second
+``attnlab train`` on the same ``--out``, fresh or ``--resume``, refuses at once, naming the holder.
+Under torchrun only rank 0 locks. A ``.tmp-step-*`` left by a killed run is removed by the next trainer
+that takes the lock.
+
+Results go to stdout, progress and warnings to stderr. Every error is one "attnlab: error: ..." line
+naming the flag and the fix. Exit status:
+
+    0    the run finished (a checkpoint at its last step)
+    1    the run failed while training: a non-finite loss (nothing saved from that step), a full disk
+         or a failed write; the line says which checkpoint and which metrics are intact
+    2    refused before training: a bad option, an unwritable --out, a step too big for memory, a
+         broken or oversized checkpoint, a run directory locked by another trainer
+    130  Ctrl-C: the step finishes, a checkpoint is saved, then the run stops
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from .util import EXIT_INTERRUPTED, fail
+from .util import EXIT_INTERRUPTED, fail, fail_run, writable_dir
 from ..tasks import get_spec, task_names
 
 __all__ = ["add_train", "add_eval"]
@@ -43,7 +59,10 @@ def _flag_values(args: argparse.Namespace) -> dict:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """ValueError naming the flag for a value no run can use (before any data is read)."""
+    from ..train.config import check_seed
     given = _flag_values(args)
+    if "seed" in given:
+        check_seed(given["seed"], "--seed")
     for field in _AT_LEAST_ONE:
         if field in given and given[field] < 1:
             raise ValueError(f"{FLAGS[field]} must be >= 1, got {given[field]}")
@@ -52,6 +71,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     for field, unit in (("time_limit_min", " minutes"), ("lr", "")):
         if field in given and not 0 < given[field] < float("inf"):
             raise ValueError(f"{FLAGS[field]} must be a positive number{unit}, got {given[field]}")
+    if not 0 < args.dist_timeout < float("inf"):
+        raise ValueError(f"--dist-timeout must be a positive number of seconds, got {args.dist_timeout}")
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -75,17 +96,11 @@ def _config_error(e: ValueError) -> ValueError:
     return ValueError(msg + ("; min_lr comes from the preset or task: give a larger --lr" if "min_lr" in msg else ""))
 
 
-def _out_dir(path: str) -> str:
-    """--out as a usable directory (created now): a clear error for a file or an unwritable place."""
-    from pathlib import Path
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"--out {path} is a file: give a directory for the run (it is created if missing)")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {path} cannot be created: {e.strerror or e}; give a writable directory") from None
-    return path
+def _lock_if_present(out: Path, dist):
+    """The run directory's lock if the directory exists (RunLocked at once, before any data is read, when
+    another trainer writes it); None for a new directory: the Trainer creates and locks it after every check."""
+    from ..train.rundir import take_lock
+    return take_lock(out, dist) if dist.from_main(out.is_dir()) else None
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -110,41 +125,72 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _make_trainer(args: argparse.Namespace, spec, dist, say):
-    from ..train import Trainer, TrainConfig, load_checkpoint
+    """The Trainer for a new run or a resumed one. Every option, the output directory and the memory a step
+    needs are checked first: a refused run creates no directory (and leaves an existing one as it was)."""
+    from ..train import Trainer, TrainConfig
+    from ..train.sizes import check_training_fits
     _check_flags(args)
+    spec.validate(args)
     if args.resume is not None:
-        source = args.resume or args.out                    # --resume CHECKPOINT, or --out DIR --resume
-        if not source:
-            raise ValueError("--resume needs the run to continue: --resume RUN_DIR (or a step-NNNNNN directory), "
-                             "or --out RUN_DIR --resume")
-        ckpt = load_checkpoint(source)
-        trained = ckpt.extra.get("task", "gpt")
-        if trained != spec.name:
-            raise ValueError(f"the run in {source} trained {trained!r}, not {spec.name!r}: "
-                             f"resume it with `attnlab train {trained} --resume {source}`")
-        info = ckpt.extra.get("data", {})
-        if getattr(args, "data", None) is not None and args.data != info.get("name"):
-            raise ValueError(f"the run in {source} was trained on {info.get('name')!r}, not {args.data!r}")
-        task = spec.from_checkpoint(ckpt)
-        out = _out_dir(args.out) if args.out is not None else None    # None: the checkpoint's run directory
-        try:
-            trainer = Trainer.from_checkpoint(ckpt, task, progress=not args.no_progress, dist=dist,
-                                              **_overrides(args), out_dir=out)
-        except ValueError as e:
-            raise _config_error(e) from None
-        say(f"resuming {ckpt.path} at step {ckpt.step} -> {trainer.out}", file=sys.stderr)
-        return trainer
-    out = _out_dir(args.out or spec.run_dir(args))
-    fields = {**spec.defaults_for(args), "out_dir": out}
+        return _resume_trainer(args, spec, dist, say)
+    out = writable_dir(args.out or spec.run_dir(args), "--out")           # checked, not created
+    fields = {**spec.defaults_for(args), "out_dir": str(out)}
     try:
         cfg = TrainConfig(**{**fields, **_overrides(args)})
     except ValueError as e:
         raise _config_error(e) from None
-    args.val_fraction = cfg.val_fraction
-    task = spec.from_args(args)
-    trainer = Trainer(task, cfg, progress=not args.no_progress, dist=dist)
+    lock = _lock_if_present(out, dist)
+    try:
+        args.val_fraction = cfg.val_fraction
+        task = spec.from_args(args)
+        est = check_training_fits(task, cfg.batch_size, cfg.eval_iters)    # before anything is allocated
+        writable_dir(out, "--out", need_bytes=est.checkpoint_bytes)
+        trainer = Trainer(task, cfg, progress=not args.no_progress, dist=dist, lock=lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     n = sum(p.numel() for p in trainer.model.parameters())
     say(f"training {spec.name} ({n / 1e6:.2f}M parameters) {_describe(task)} -> {out}", file=sys.stderr)
+    return trainer
+
+
+def _resume_trainer(args: argparse.Namespace, spec, dist, say):
+    from ..train import Trainer, load_checkpoint
+    source = args.resume or args.out                    # --resume CHECKPOINT, or --out DIR --resume
+    if not source:
+        raise ValueError("--resume needs the run to continue: --resume RUN_DIR (or a step-NNNNNN directory), "
+                         "or --out RUN_DIR --resume")
+    ckpt = load_checkpoint(source)                      # verified, and its model's size checked
+    trained = ckpt.extra.get("task", "gpt")
+    if trained != spec.name:
+        raise ValueError(f"the run in {source} trained {trained!r}, not {spec.name!r}: "
+                         f"resume it with `attnlab train {trained} --resume {source}`")
+    info = ckpt.extra.get("data", {})
+    if getattr(args, "data", None) is not None and args.data != info.get("name"):
+        raise ValueError(f"the run in {source} was trained on {info.get('name')!r}, not {args.data!r}")
+    # --out: a branch there; without it the run continues in the checkpoint's own directory
+    out, flag = (Path(args.out), "--out") if args.out is not None else (ckpt.path.parent, "--resume")
+    need = sum(f.stat().st_size for f in ckpt.path.iterdir() if f.is_file())     # one more checkpoint like it
+    try:
+        writable_dir(out, flag, need_bytes=need)
+    except ValueError as e:
+        in_place = out.resolve() == ckpt.path.parent.resolve()
+        hint = f" (or continue the run elsewhere: --resume {source} --out NEW_DIR)" if in_place else ""
+        raise ValueError(f"{e}{hint}") from None
+    lock = _lock_if_present(out, dist)
+    try:
+        task = spec.from_checkpoint(ckpt)
+        try:
+            trainer = Trainer.from_checkpoint(ckpt, task, progress=not args.no_progress, dist=dist, lock=lock,
+                                              **_overrides(args), out_dir=str(out) if args.out is not None else None)
+        except ValueError as e:
+            raise _config_error(e) from None
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    say(f"resuming {ckpt.path} at step {ckpt.step} -> {trainer.out}", file=sys.stderr)
     return trainer
 
 
@@ -158,6 +204,7 @@ def _describe(task) -> str:
 def _train(args: argparse.Namespace, dist) -> int:
     from ..train import CheckpointError
     from ..train.metrics import format_metrics
+    from ..train.rundir import RunFailed
     say = print if dist.is_main else (lambda *a, **k: None)
     spec = get_spec(args.task_name)
     try:
@@ -166,7 +213,9 @@ def _train(args: argparse.Namespace, dist) -> int:
         if not dist.is_main:
             return 0
         metric = trainer.task.evaluate(trainer.model)
-    except (ValueError, CheckpointError) as e:
+    except RunFailed as e:                              # a non-finite loss, a full disk: the input was fine
+        return fail_run(str(e))
+    except (ValueError, CheckpointError) as e:          # a bad option, a broken checkpoint, a busy directory
         return fail(str(e))
     out = trainer.out
     more = format_metrics(trainer.task.val_metrics(trainer.last_val))
@@ -210,7 +259,7 @@ def _add_trainer_options(t: argparse.ArgumentParser) -> None:
 
 
 def add_train(sub) -> None:
-    t = sub.add_parser("train", help="train a model (gpt, seq2seq, vit, captioner, evoformer), with checkpoints",
+    t = sub.add_parser("train", help=f"train a model ({', '.join(task_names())}), with checkpoints",
                        description="Train one of attnlab's models on its embedded data. Checkpoints are "
                                    "safetensors + JSON, written atomically; --resume continues a run exactly.")
     # dest is not "model": a task may have its own --model option (evoformer's axial | flat)

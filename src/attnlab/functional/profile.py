@@ -25,7 +25,9 @@ Example::
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -48,11 +50,19 @@ log = logging.getLogger(__name__)
 def machine_key() -> dict:
     """What a profile's figures depend on besides the request: the CPU, its features, torch's thread count,
     the versions and the kernel build. Threads are read on every call: ``torch.set_num_threads`` changes it."""
-    from .. import __version__
     from .backends import native
     feats = sorted(name for name, has in cpu_features().items() if has)
     return {"cpu_model": cpu_model(), "features": feats, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "attnlab": __version__, "native_build": native.ISA}
+            "torch": torch.__version__, "attnlab": _version(), "native_build": native.ISA}
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str:
+    """attnlab's installed version (from the package metadata: ``functional`` imports nothing above it)."""
+    try:
+        return importlib.metadata.version("attnlab")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def profile_dir() -> Path:

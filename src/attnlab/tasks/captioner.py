@@ -26,9 +26,11 @@ from ..data.digits import load_digits_data
 from ..data.scenes import EOS, IGNORE, MAX_LEN, PAD, VOCAB, SceneBatch, Scenes, decode
 from ..models.captioner import Captioner, CaptionerConfig
 from ..models.vit import ViTConfig
-from ..train.task import DrawSampler, TaskSpec
+from ..train.sizes import FLOAT, INDEX, SizeEstimate, model_params, stack_activations
+from ..train.task import DrawSampler, TaskSpec, check_options
+from .vit import vit_activations
 
-__all__ = ["CaptionerTask", "SPEC", "caption_scores"]
+__all__ = ["CaptionerTask", "SPEC", "caption_scores", "scene_text_size_estimate", "validate_scene_options"]
 
 EVAL_SCENES = 1000          # test scenes per evaluate(): 10 per held-out combination on average
 EVAL_SEED = 1234            # fixed, so every evaluation (and every run) scores the same scenes
@@ -110,6 +112,9 @@ class CaptionerTask:
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size
 
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        return scene_text_size_estimate(self.cfg, batch_size)
+
     def val_metrics(self, val_loss: float) -> dict:
         return {}
 
@@ -129,6 +134,23 @@ class CaptionerTask:
 
     def evaluate(self, model: nn.Module) -> dict:
         return caption_scores(model, self.test_scenes())
+
+
+def scene_text_size_estimate(cfg: CaptionerConfig, batch_size: int) -> SizeEstimate:
+    """One training step of a ViT + cross-attending decoder (the captioner, VQA) on 16 x 16 scenes."""
+    act = (vit_activations(cfg.vit, batch_size)
+           + stack_activations(batch_size, cfg.max_len, cfg.d_model, cfg.n_layers, heads=cfg.n_heads, ffn=cfg.d_ff,
+                               context=cfg.vit.n_patches)
+           + 3 * FLOAT * batch_size * cfg.max_len * cfg.vocab_size)
+    data = FLOAT * batch_size * 16 * 16 + 2 * INDEX * batch_size * cfg.max_len
+    return SizeEstimate(model_params(cfg.to_dict()), act, data, model_fix="lower --d-model, --layers or --vit-layers",
+                        batch_fix="lower --batch-size (or use a larger --patch)")
+
+
+def validate_scene_options(args: argparse.Namespace) -> None:
+    """The captioner's and VQA's options: sizes >= 1, shift >= 0, seeds in range."""
+    check_options(args, positive=("--patch", "--vit-layers", "--layers", "--d-model", "--heads"),
+                  non_negative=("--shift",), seeds=("--data-seed", "--scene-seed"))
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,4 +194,5 @@ SPEC = TaskSpec(name="captioner", help="ViT + text decoder captioning two-digit 
                 add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
                 train_defaults=dict(steps=1500, batch_size=64, lr=2e-3, min_lr=1e-5, warmup_steps=100,
                                     weight_decay=0.05, eval_interval=250, eval_iters=4,
-                                    checkpoint_interval=750, time_limit_min=9.0))
+                                    checkpoint_interval=750, time_limit_min=9.0),
+                validate=validate_scene_options)

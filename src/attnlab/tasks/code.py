@@ -34,8 +34,10 @@ from ..data.batches import BatchSampler
 from ..data.corpora import STDLIB_MAX_BYTES, _stdlib_files
 from ..data.tokenization import Tokenizer, train_tokenizer
 from ..models import GPT, GPTConfig
-from ..train.task import TaskSpec
+from ..train.sizes import SizeEstimate
+from ..train.task import TaskSpec, check_options
 from .code_models import CodeLSTM, CodeLSTMConfig, matched_lstm_config
+from .lm import check_vocab_size, lm_size_estimate
 
 __all__ = ["HELD_OUT_EVERY", "CODE_PRESETS", "CodeData", "CodeTask", "code_files", "prepare_code_data",
            "encode_with_offsets", "build_code_model", "make_code_task", "SPEC"]
@@ -182,6 +184,11 @@ class CodeTask:
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size * self.seq_len
 
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        return lm_size_estimate(self.config, batch_size, self.seq_len,
+                                model_fix="choose --preset code-small (or a smaller --vocab-size)",
+                                batch_fix="lower --batch-size")
+
     def val_metrics(self, val_loss: float) -> dict:
         return {"val_nats_per_char": val_loss / self.data.val_chars_per_token}
 
@@ -219,9 +226,13 @@ def _from_checkpoint(ckpt) -> CodeTask:
     return CodeTask(model_cfg, data, seq_len=info.get("seq_len", 256))    # load_checkpoint renamed old keys
 
 
+def _validate(args) -> None:
+    check_options(args, positive=("--corpus-bytes",))
+    check_vocab_size(args.vocab_size)
+
+
 def _from_args(args) -> CodeTask:
-    if args.corpus_bytes < 1:
-        raise ValueError(f"--corpus-bytes must be >= 1, got {args.corpus_bytes}")
+    _validate(args)
     return make_code_task(args.arch, args.preset, args.vocab_size, args.corpus_bytes)
 
 
@@ -241,4 +252,5 @@ def _defaults(args) -> dict:
 
 SPEC = TaskSpec(name="code", help="a code model on the standard library's source (GPT, or the LSTM baseline)",
                 add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
-                train_defaults=_defaults, run_name=lambda args: "code" if args.arch == "gpt" else "code-lstm")
+                train_defaults=_defaults, run_name=lambda args: "code" if args.arch == "gpt" else "code-lstm",
+                validate=_validate)

@@ -37,7 +37,8 @@ from torch import Tensor, nn
 
 from ..data.pairs import COUPLINGS, PairTaskConfig, draw_pairs
 from ..models.evoformer import ABLATIONS, KINDS, Evoformer, EvoformerConfig, matched_flat_size
-from ..train.task import DrawSampler, TaskSpec
+from ..train.sizes import FLOAT, INDEX, SizeEstimate, model_params, stack_activations
+from ..train.task import DrawSampler, TaskSpec, check_options
 
 __all__ = ["EvoformerTask", "contact_metrics", "SPEC", "MODEL_DEFAULTS"]
 
@@ -134,6 +135,22 @@ class EvoformerTask:
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size
 
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        """The MSA track (B, R, C, d_m) and the pair track (B, C, C, d_z) through every block, with the row
+        and column attention scores and the outer product's (B, C, C, c, c); flat: R*C tokens per sample."""
+        d, m = self.data, self.model_cfg
+        B, R, C = batch_size, d.rows, d.cols
+        if m.kind == "flat":
+            act = stack_activations(B, R * C, m.flat_dim, m.n_blocks, heads=m.n_heads, ffn=m.flat_ff)
+            act += FLOAT * B * C * C * 3 * m.flat_dim                          # the pair head over column pairs
+        else:
+            per_block = (B * R * C * (10 + 2 * m.transition) * m.msa_dim
+                         + B * C * C * ((10 + 2 * m.transition + 12 * m.triangle) * m.pair_dim + m.opm_dim ** 2)
+                         + B * m.n_heads * (R * C * C + C * R * R))
+            act = FLOAT * m.n_blocks * per_block
+        return SizeEstimate(model_params(m.to_dict()), act, INDEX * B * (R * C + C * C),
+                            model_fix="lower --blocks", batch_fix="lower --batch-size, --rows or --cols")
+
     def val_metrics(self, val_loss: float) -> dict:
         return {}
 
@@ -183,6 +200,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-samples", type=int, default=512, help="held-out samples scored at the end")
 
 
+def _validate(args: argparse.Namespace) -> None:
+    check_options(args, positive=("--rows", "--cols", "--blocks", "--eval-samples"))
+
+
 def _from_args(args: argparse.Namespace) -> EvoformerTask:
     if args.ablate and args.kind != "axial":
         raise ValueError(f"--ablate removes parts of the axial Evoformer; --model {args.kind} has none of them")
@@ -217,6 +238,7 @@ SPEC = TaskSpec(
     from_args=_from_args,
     from_checkpoint=_from_checkpoint,
     run_name=_run_name,                                    # runs/evoformer-axial, runs/evoformer-tagged-flat, ...
+    validate=_validate,
     train_defaults=dict(steps=None, time_limit_min=4.0, batch_size=16, lr=2e-3, min_lr=1e-4, warmup_steps=50,
                         weight_decay=0.01, eval_interval=100, eval_iters=4, checkpoint_interval=500),
 )

@@ -22,9 +22,33 @@ from ..data.batches import BatchSampler
 from ..data.prepare import LMData
 from ..models import GPT, GPTConfig
 from ..train.config import TRAIN_PRESETS
-from ..train.task import TaskSpec
+from ..train.sizes import FLOAT, INDEX, SizeEstimate, model_params, stack_activations
+from ..train.task import TaskSpec, check_options
 
-__all__ = ["LMTask", "SPEC"]
+__all__ = ["LMTask", "SPEC", "MAX_BPE_VOCAB", "check_vocab_size", "lm_size_estimate"]
+
+# The tokenizers library reserves ~71 bytes per vocabulary entry before training: --vocab-size 10**9 asked
+# for 71 GB and aborted the process (a Rust panic). GPT-class vocabularies are 50k-260k entries.
+MAX_BPE_VOCAB = 1_000_000
+MIN_BPE_VOCAB = 256                 # byte-level BPE starts from the 256 bytes
+
+
+def check_vocab_size(value: int) -> None:
+    """ValueError naming --vocab-size unless it is a byte-level BPE size this machine can train."""
+    if not MIN_BPE_VOCAB <= value <= MAX_BPE_VOCAB:
+        raise ValueError(f"--vocab-size must be from {MIN_BPE_VOCAB} (the byte alphabet) to {MAX_BPE_VOCAB:,}, "
+                         f"got {value:,}")
+
+
+def lm_size_estimate(config, batch_size: int, seq_len: int, **fixes) -> SizeEstimate:
+    """One training step of a language model (a GPTConfig, or the code LSTM's config: ``hidden``) on
+    ``batch_size`` windows of ``seq_len`` tokens; ``fixes``: SizeEstimate's model_fix / batch_fix."""
+    if hasattr(config, "hidden"):                                             # the LSTM: ~10 vectors per step
+        blocks = FLOAT * batch_size * seq_len * config.n_layers * 10 * config.hidden
+    else:
+        blocks = stack_activations(batch_size, seq_len, config.d_model, config.n_layers, heads=config.n_heads)
+    logits = 3 * FLOAT * batch_size * seq_len * config.vocab_size             # logits, log-softmax, gradient
+    return SizeEstimate(model_params(config.to_dict()), blocks + logits, 2 * INDEX * batch_size * seq_len, **fixes)
 
 
 class LMTask:
@@ -67,6 +91,11 @@ class LMTask:
 
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size * self.config.max_len
+
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        return lm_size_estimate(self.config, batch_size, self.config.max_len,
+                                model_fix="choose a smaller --preset (or --vocab-size)",
+                                batch_fix="lower --batch-size or --max-len")
 
     def val_metrics(self, val_loss: float) -> dict:
         return {"val_nats_per_char": val_loss / self.data.val_chars_per_token}
@@ -111,6 +140,13 @@ def _add_arguments(t) -> None:
     t.add_argument("--dropout", type=float, help="dropout (default: the preset's, 0)")
 
 
+def _validate(args) -> None:
+    check_options(args, positive=("--max-len",))
+    check_vocab_size(args.vocab_size)
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise ValueError(f"--dropout must be a probability in [0, 1), got {args.dropout}")
+
+
 def _run_name(args) -> str:
     from pathlib import Path
     return f"gpt-{args.preset}-{Path(args.data or 'docs').name or 'data'}"
@@ -118,4 +154,4 @@ def _run_name(args) -> str:
 
 SPEC = TaskSpec(name="gpt", help="a GPT language model on a text corpus (docs, stdlib or your files)",
                 add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
-                train_defaults=lambda args: TRAIN_PRESETS[args.preset], run_name=_run_name)
+                train_defaults=lambda args: TRAIN_PRESETS[args.preset], run_name=_run_name, validate=_validate)

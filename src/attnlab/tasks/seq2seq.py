@@ -33,7 +33,8 @@ from torch import Tensor, nn
 
 from ..data.seq2seq_tasks import PAD, GeneratedTask, TASKS, make_task
 from ..models.seq2seq import POSITIONAL_CHOICES, Seq2Seq, Seq2SeqConfig
-from ..train.task import DrawSampler, TaskSpec
+from ..train.sizes import FLOAT, INDEX, SizeEstimate, model_params, stack_activations
+from ..train.task import DrawSampler, TaskSpec, check_options
 
 __all__ = ["Seq2SeqTask", "SPEC", "default_config", "match_scores"]
 
@@ -118,6 +119,16 @@ class Seq2SeqTask:
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size
 
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        """Sources and targets of the model's max_len (the task's longest), encoder then cross-attending decoder."""
+        c, n = self.cfg, self.cfg.max_len
+        act = (stack_activations(batch_size, n, c.d_model, c.n_encoder_layers, heads=c.n_heads, ffn=c.d_ff)
+               + stack_activations(batch_size, n, c.d_model, c.n_decoder_layers, heads=c.n_heads, ffn=c.d_ff,
+                                   context=n)
+               + 3 * FLOAT * batch_size * n * c.target_vocab)                 # logits, log-softmax, gradient
+        return SizeEstimate(model_params(c.to_dict()), act, 3 * INDEX * batch_size * n,
+                            model_fix="lower --d-model or --layers", batch_fix="lower --batch-size or --max-len")
+
     def val_metrics(self, val_loss: float) -> dict:
         return {"val_token_perplexity": math.exp(min(val_loss, 50.0))}
 
@@ -155,6 +166,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-examples", type=int, default=500, help="held-out sequences decoded by evaluate")
 
 
+def _validate(args: argparse.Namespace) -> None:
+    check_options(args, positive=("--symbols", "--min-len", "--max-len", "--d-model", "--layers", "--heads", "--beam",
+                                  "--eval-examples"))
+
+
 def _from_args(args: argparse.Namespace) -> Seq2SeqTask:
     opts = ({"n_symbols": args.symbols, "min_len": args.min_len, "max_len": args.max_len}
             if args.task in ("reversal", "sorting") else {})
@@ -182,4 +198,4 @@ SPEC = TaskSpec(name="seq2seq", help="encoder-decoder on generated tasks: revers
                 add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
                 train_defaults=dict(steps=1500, time_limit_min=8.0, batch_size=64, lr=3e-3, min_lr=3e-4,
                                     warmup_steps=100, eval_interval=250, eval_iters=4, checkpoint_interval=500),
-                run_name=lambda args: f"seq2seq-{args.task}")
+                run_name=lambda args: f"seq2seq-{args.task}", validate=_validate)

@@ -22,9 +22,10 @@ from torch import Tensor, nn
 
 from ..data.digits import DigitsData, load_digits_data, random_shift, upsample
 from ..models.vit import ViT, ViTConfig
-from ..train.task import DrawSampler, TaskSpec
+from ..train.sizes import FLOAT, INDEX, SizeEstimate, model_params, stack_activations
+from ..train.task import DrawSampler, TaskSpec, check_options
 
-__all__ = ["ViTTask", "SPEC", "batched_accuracy"]
+__all__ = ["ViTTask", "SPEC", "batched_accuracy", "vit_activations", "vit_size_estimate"]
 
 
 @torch.no_grad()
@@ -95,6 +96,9 @@ class ViTTask:
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size
 
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        return vit_size_estimate(self.cfg, batch_size)
+
     def val_metrics(self, val_loss: float) -> dict:
         return {}
 
@@ -109,6 +113,25 @@ class ViTTask:
     def evaluate(self, model: nn.Module) -> dict:
         """{"test_accuracy": fraction of the test split classified right}."""
         return {"test_accuracy": batched_accuracy(model, self._prepare(self.data.test_x), self.data.test_y)}
+
+
+def vit_activations(cfg: ViTConfig, batch_size: int) -> int:
+    """Bytes a ViT's training step keeps for backward: its patch tokens (and CLS) through every block."""
+    tokens = cfg.n_patches + (cfg.pooling == "cls")
+    return stack_activations(batch_size, tokens, cfg.d_model, cfg.n_layers, heads=cfg.n_heads, ffn=cfg.d_ff)
+
+
+def vit_size_estimate(cfg: ViTConfig, batch_size: int) -> SizeEstimate:
+    H, W = cfg.image_size
+    images = FLOAT * batch_size * cfg.channels * H * W
+    return SizeEstimate(model_params(cfg.to_dict()), vit_activations(cfg, batch_size) + 2 * images,
+                        images + INDEX * batch_size, model_fix="lower --d-model or --layers",
+                        batch_fix="lower --batch-size or --upsample (or use a larger --patch)")
+
+
+def _validate(args: argparse.Namespace) -> None:
+    check_options(args, positive=("--patch", "--upsample", "--d-model", "--layers", "--heads"),
+                  non_negative=("--shift",), seeds=("--data-seed",))
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,7 +149,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _from_args(args: argparse.Namespace) -> ViTTask:
     side = 8 * args.upsample
     given = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads}
-    cfg = ViTConfig.preset("digits", image_size=side, patch_size=args.patch or 2 * args.upsample,
+    patch = args.patch if args.patch is not None else 2 * args.upsample       # --patch 0 is refused, not replaced
+    cfg = ViTConfig.preset("digits", image_size=side, patch_size=patch,
                            pooling=args.pooling, positional=args.positional,
                            **{k: v for k, v in given.items() if v is not None})
     return ViTTask(cfg, data_seed=args.data_seed, shift=args.shift, upsample=args.upsample)
@@ -146,4 +170,5 @@ SPEC = TaskSpec(name="vit", help="ViT on scikit-learn's 8x8 digits (target: >= 9
                 add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
                 train_defaults=dict(steps=1500, batch_size=64, lr=2e-3, min_lr=1e-5, warmup_steps=100,
                                     weight_decay=0.05, eval_interval=250, eval_iters=3,
-                                    checkpoint_interval=750, time_limit_min=9.0))
+                                    checkpoint_interval=750, time_limit_min=9.0),
+                validate=_validate)

@@ -32,7 +32,8 @@ from ..data.scenes import Scenes
 from ..data.vqa import CHANCE, IGNORE, KINDS, MAX_LEN, QMARK, VOCAB, QuestionBatch, SceneQuestions, decode
 from ..models.vqa import VQAConfig, VQAModel
 from ..train.task import DrawSampler, TaskSpec
-from .captioner import default_config
+from ..train.sizes import SizeEstimate
+from .captioner import default_config, scene_text_size_estimate, validate_scene_options
 
 __all__ = ["VQATask", "SPEC", "answer_scores", "default_vqa_config"]
 
@@ -122,6 +123,9 @@ class VQATask:
     def units_per_batch(self, batch_size: int) -> int:
         return batch_size
 
+    def size_estimate(self, batch_size: int) -> SizeEstimate:
+        return scene_text_size_estimate(self.cfg, batch_size)
+
     def val_metrics(self, val_loss: float) -> dict:
         return {}
 
@@ -175,7 +179,7 @@ def _from_checkpoint(ckpt) -> VQATask:
 SPEC = TaskSpec(name="vqa", help="ViT + cross-attending decoder answering questions about two-digit scenes "
                                  "(--blind: the text-only baseline, image zeroed)",
                 add_arguments=_add_arguments, from_args=_from_args, from_checkpoint=_from_checkpoint,
-                run_name=lambda args: "vqa-blind" if args.blind else "vqa",
+                run_name=lambda args: "vqa-blind" if args.blind else "vqa", validate=validate_scene_options,
                 # a time budget, the schedule sized to the measured step time: on the loaded shared CPU
                 # ~1,000 steps fit and the answers still improved (docs/results.md); an idle one fits more
                 train_defaults=dict(steps=None, batch_size=64, lr=2e-3, min_lr=1e-5, warmup_steps=100,

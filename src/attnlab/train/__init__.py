@@ -1,5 +1,5 @@
 """Training any task (language models, seq2seq, ViT...): config, AdamW + warmup/cosine, the trainer,
-atomic safetensors checkpoints.
+atomic safetensors checkpoints, the run directory's lock (``rundir``) and memory estimates (``sizes``).
 
 Example::
 
@@ -14,10 +14,13 @@ Example::
 from .checkpoint import Checkpoint, CheckpointError, list_checkpoints, load_checkpoint, load_gpt, save_checkpoint
 from .config import TRAIN_PRESETS, TrainConfig
 from .metrics import MetricsLog, plot_loss_curve
+from .rundir import NonFiniteLoss, RunFailed, RunLock, RunLocked
 from .schedule import decay_groups, lr_at, make_optimizer
+from .sizes import SizeError
 from .task import DrawSampler, Task, TaskSpec
 from .trainer import BF16_AUTO, Trainer, use_bf16
 
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "Trainer", "BF16_AUTO", "use_bf16", "make_optimizer", "lr_at",
            "decay_groups", "save_checkpoint", "load_checkpoint", "load_gpt", "list_checkpoints", "Checkpoint",
-           "CheckpointError", "MetricsLog", "plot_loss_curve", "Task", "TaskSpec", "DrawSampler"]
+           "CheckpointError", "MetricsLog", "plot_loss_curve", "Task", "TaskSpec", "DrawSampler", "RunLock",
+           "RunLocked", "RunFailed", "NonFiniteLoss", "SizeError"]

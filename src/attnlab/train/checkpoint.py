@@ -11,10 +11,13 @@ Atomic: a checkpoint is written into ``OUT/.tmp-step-...`` (each file flushed an
 directory), renamed to ``step-NNNNNN`` in one ``os.rename``, and the parent directory is fsynced.
 A crash at any point leaves either the complete new checkpoint or none of it; older checkpoints
 are deleted (down to ``keep``) only after the new one is in place. The latest checkpoint is the
-``step-*`` directory with the highest step; ``.tmp-*`` leftovers are ignored. One writer per OUT.
+``step-*`` directory with the highest step; ``.tmp-*`` leftovers are ignored (and removed by the next
+trainer that takes the run's lock: one writer per OUT, see ``rundir.RunLock``).
 
 Loading reads bytes, checks sizes and hashes, and parses with ``safetensors.torch.load`` and
-``json``: no pickle, no ``torch.load``. Any mismatch is a ``CheckpointError`` naming the file.
+``json``: no pickle, no ``torch.load``. Any mismatch is a ``CheckpointError`` naming the file, and so
+is a model config too large for this machine's memory (``sizes.model_params``, checked before any
+tensor is read or any model built: every reader, from eval to resume, gets the check).
 Checkpoints written before the config renames load as if written today: ``model_config`` and
 ``extra["data"]`` come back with their old keys renamed (``presets.LEGACY_KEYS``, e.g.
 ``n_layer`` -> ``n_layers``, ``block_size`` -> ``max_len``); the files on disk are not changed.
@@ -44,6 +47,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from ..presets import LEGACY_DATA_KEYS, upgrade_keys
+from .sizes import FLOAT, SizeError, check_fits, model_params
 
 __all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "load_gpt", "list_checkpoints",
            "resolve_checkpoint", "FORMAT"]
@@ -221,7 +225,28 @@ def _read_tensors(ckpt: Path, name: str, meta: dict) -> dict[str, Tensor]:
         raise _fail(path, f"truncated or padded: {len(data)} bytes, {want['bytes']} recorded", ckpt)
     if _sha256(data) != want["sha256"]:
         raise _fail(path, "corrupted: its SHA-256 does not match the one recorded in checkpoint.json", ckpt)
-    return st_load(data)
+    try:
+        return st_load(data)
+    except Exception as e:        # safetensors' SafetensorError (not exported), or a header the JSON parser rejects
+        raise _fail(path, f"not a valid safetensors file ({e}), though its SHA-256 matches: it was written "
+                          "that way", ckpt) from None
+
+
+def _check_size(ckpt: Path, meta: dict, train_state: bool) -> None:
+    """CheckpointError before any tensor is read when the model the config describes cannot fit in memory
+    (a hand-edited checkpoint.json: building it would allocate for a minute before failing)."""
+    params = model_params(meta["model_config"])
+    if not params:                                        # a config of no known kind: the model's own checks speak
+        return
+    need = FLOAT * params * (4 if train_state else 2)     # the file's tensors and the model's; + AdamW's moments
+    shape = ", ".join(f"{k}={v}" for k, v in meta["model_config"].items() if isinstance(v, int) and v > 1)
+    try:
+        check_fits(need, what=f"the model of {ckpt / META_FILE}",
+                   detail=f"{params / 1e6:,.1f}M parameters from {shape}",
+                   fix="the checkpoint cannot be loaded here (was its checkpoint.json edited, or written on a "
+                       "machine with far more memory?)")
+    except SizeError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def load_checkpoint(path: PathLike, *, train_state: bool = True) -> Checkpoint:
@@ -233,6 +258,7 @@ def load_checkpoint(path: PathLike, *, train_state: bool = True) -> Checkpoint:
     ckpt = resolve_checkpoint(path)
     meta = _read_meta(ckpt)
     meta["model_config"] = upgrade_keys(meta["model_config"])              # older checkpoints' names
+    _check_size(ckpt, meta, train_state)
     if isinstance(meta["extra"].get("data"), dict):
         meta["extra"]["data"] = upgrade_keys(meta["extra"]["data"], LEGACY_DATA_KEYS)
     weights = _read_tensors(ckpt, MODEL_FILE, meta)

@@ -12,9 +12,18 @@ from typing import Optional
 
 from ..presets import from_preset
 
-__all__ = ["TrainConfig", "TRAIN_PRESETS", "BF16_CHOICES"]
+__all__ = ["TrainConfig", "TRAIN_PRESETS", "BF16_CHOICES", "SEED_LIMIT", "check_seed"]
 
 BF16_CHOICES = ("auto", "on", "off")
+# Seeds go to torch.manual_seed / torch.Generator.manual_seed, which take at most 2**64 - 1; the trainer also
+# seeds with seed + 1 (validation batches), so seeds stay below 2**63.
+SEED_LIMIT = 2 ** 63
+
+
+def check_seed(seed, name: str = "seed") -> None:
+    """ValueError naming ``name`` (a field or a flag) unless 0 <= seed < 2**63."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{name} must be an integer from 0 to 2**63 - 1 = {SEED_LIMIT - 1}, got {seed}")
 
 # Training defaults per model preset (GPTConfig presets of the same name).
 # micro: the issue #5 target (val < 1.7 nats/char on `docs` within 15 minutes on a 2-core CPU). With no
@@ -75,6 +84,7 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
         if self.time_limit_min is not None and self.time_limit_min <= 0:
             raise ValueError(f"time_limit_min must be > 0 or None, got {self.time_limit_min}")
+        check_seed(self.seed)
 
     @classmethod
     def for_preset(cls, preset: str, **overrides) -> "TrainConfig":

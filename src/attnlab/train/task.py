@@ -12,8 +12,10 @@ model- or data-specific:
 - ``eval_batches(batch_size, n, seed)``: fixed validation batches (the same at every evaluation);
 - ``evaluate(model)``: the task metric on held-out data (exact match, accuracy...), a dict of floats.
 
-Optional: ``title()`` (the loss plot's title after the model size), ``loss_label`` (its y axis) and
-``describe()`` (the CLI's one line about the data; default: the flat items of ``info()``).
+Optional: ``title()`` (the loss plot's title after the model size), ``loss_label`` (its y axis),
+``describe()`` (the CLI's one line about the data; default: the flat items of ``info()``) and
+``size_estimate(batch_size)`` (a ``sizes.SizeEstimate`` of one training step, checked against the
+memory available before the model is built; default: the parameters of ``model_config()`` alone).
 
 Tasks with generated data draw each batch from a seeded ``torch.Generator`` (``DrawSampler``),
 so the data are reproducible, resumable and never stored.
@@ -34,7 +36,9 @@ from typing import Callable, Optional, Protocol, Union, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Task", "Sampler", "DrawSampler", "TaskSpec"]
+from .config import check_seed
+
+__all__ = ["Task", "Sampler", "DrawSampler", "TaskSpec", "check_options"]
 
 Batch = tuple[Tensor, ...]
 
@@ -103,7 +107,8 @@ class TaskSpec:
     ``extra["data"]``, which holds ``info()``); ``train_defaults`` are this task's TrainConfig
     defaults (e.g. a time budget that fits the issue's 10 minutes): a dict, or a function of the
     parsed arguments returning one; ``run_name(args)`` names the default run directory
-    ``runs/<run_name>`` (default: the task's name).
+    ``runs/<run_name>`` (default: the task's name); ``validate(args)`` refuses option values no run
+    can use (a ValueError naming the flag), before any data is read or any directory is made.
     """
     name: str
     help: str
@@ -112,9 +117,36 @@ class TaskSpec:
     from_checkpoint: Callable[..., Task]                  # (Checkpoint) -> Task
     train_defaults: Union[dict, Callable[[argparse.Namespace], dict]] = field(default_factory=dict)
     run_name: Optional[Callable[[argparse.Namespace], str]] = None
+    validate: Callable[[argparse.Namespace], None] = lambda args: None
 
     def defaults_for(self, args: argparse.Namespace) -> dict:
         return dict(self.train_defaults(args) if callable(self.train_defaults) else self.train_defaults)
 
     def run_dir(self, args: argparse.Namespace) -> str:
         return f"runs/{self.run_name(args) if self.run_name else self.name}"
+
+
+def check_options(args: argparse.Namespace, *, positive: tuple = (), non_negative: tuple = (), seeds: tuple = (),
+                  at_most: Optional[dict] = None) -> None:
+    """ValueError naming the first flag whose value no run can use: ``positive`` flags must be >= 1,
+    ``non_negative`` >= 0, ``seeds`` in [0, 2**63), ``at_most`` {flag: limit}. Unset (None) values pass.
+
+    >>> check_options(argparse.Namespace(patch=0), positive=("--patch",))
+    Traceback (most recent call last):
+    ValueError: --patch must be >= 1, got 0
+    """
+    def value(flag: str):
+        return getattr(args, flag.lstrip("-").replace("-", "_"), None)
+
+    for flag in positive:
+        if value(flag) is not None and value(flag) < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value(flag)}")
+    for flag in non_negative:
+        if value(flag) is not None and value(flag) < 0:
+            raise ValueError(f"{flag} must be >= 0, got {value(flag)}")
+    for flag in seeds:
+        if value(flag) is not None:
+            check_seed(value(flag), flag)
+    for flag, limit in (at_most or {}).items():
+        if value(flag) is not None and value(flag) > limit:
+            raise ValueError(f"{flag} must be at most {limit:,}, got {value(flag):,}")

@@ -11,6 +11,12 @@ the checkpoint: a run stopped at step k and resumed reproduces the uninterrupted
 exactly. The first Ctrl-C finishes the current step, checkpoints and stops. Under torchrun
 (``dist=init_distributed()``) the same run is data-parallel: see ``distributed`` for what changes.
 
+Before anything is built, one training step's memory is estimated (``sizes``) and refused if it cannot
+fit. The run directory is locked while the trainer writes it (``rundir.RunLock``: from construction to
+the end of ``train()``; a later ``train()`` or ``save()`` takes it again), so a second trainer on it
+refuses. A non-finite loss stops the run (``NonFiniteLoss``) without saving the weights that made it,
+and a write that fails (a full disk) stops it as ``RunFailed``; both say which checkpoint survived.
+
 Example::
 
     data = prepare_lm_data("docs", "char")
@@ -24,11 +30,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import signal
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -36,11 +41,13 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from .checkpoint import Checkpoint, list_checkpoints, save_checkpoint
+from .checkpoint import Checkpoint, save_checkpoint
 from .config import TrainConfig
 from .distributed import DistContext, QuietLog
 from .metrics import MetricsLog, format_metrics, plot_loss_curve
+from .rundir import NonFiniteLoss, RunFailed, RunLock, check_destination, copy_history, intact, take_lock
 from .schedule import lr_at, make_optimizer
+from .sizes import check_training_fits
 from .task import Task
 
 __all__ = ["Trainer", "BF16_AUTO", "use_bf16"]
@@ -64,24 +71,27 @@ class Trainer:
     """Trains ``task``'s model on its batches; ``train()`` runs to ``cfg.steps`` (or the time limit, or max_steps)."""
 
     def __init__(self, task: Task, cfg: TrainConfig, *, progress: bool = True,
-                 checkpoint: Optional[Checkpoint] = None, dist: Optional[DistContext] = None):
+                 checkpoint: Optional[Checkpoint] = None, dist: Optional[DistContext] = None,
+                 lock: Optional[RunLock] = None):
+        """``lock``: the run directory's lock, already taken by the caller (the CLI takes it before reading
+        any data); None: taken here (RunLocked if another trainer holds it)."""
         self.dist = dist or DistContext.current()
         self.dist.check_batch(cfg.batch_size)
         self.out = Path(cfg.out_dir)
-        if checkpoint is None and list_checkpoints(self.out):
-            raise ValueError(f"{self.out} already holds checkpoints ({list_checkpoints(self.out)[-1].name}); "
-                             "resume it (--resume) or choose another output directory (--out)")
+        check_training_fits(task, cfg.batch_size, cfg.eval_iters)     # SizeError before anything is allocated
+        self._lock = lock if lock is not None else take_lock(self.out, self.dist)
+        try:
+            self._setup(task, cfg, checkpoint, progress)
+        except BaseException:
+            if lock is None:
+                self._lock.abandon()                    # a directory made just now is removed again
+            raise
+
+    def _setup(self, task: Task, cfg: TrainConfig, checkpoint: Optional[Checkpoint], progress: bool) -> None:
+        check_destination(self.out, checkpoint)
         source = checkpoint.path.parent if checkpoint is not None else None
-        elsewhere = source is not None and not _same_dir(source, self.out)
-        if elsewhere and list_checkpoints(self.out):      # pruning there would delete another run's checkpoints
-            raise ValueError(f"{self.out} already holds checkpoints of another run "
-                             f"({list_checkpoints(self.out)[-1].name}); resuming {checkpoint.path} there would mix "
-                             "two runs and prune theirs: choose an empty or new output directory (--out)")
+        elsewhere = source is not None and source.resolve() != self.out.resolve()
         here = f"step-{checkpoint.step:06d}" if checkpoint is not None else None
-        newer = [c.name for c in list_checkpoints(self.out) if here is not None and c.name > here]
-        if newer:
-            raise ValueError(f"{self.out} holds checkpoints newer than step {checkpoint.step} ({', '.join(newer)}); "
-                             "resuming would mix two histories: move them away (or resume from the latest)")
         self.cfg, self.task = cfg, task
         self.progress = progress and self.dist.is_main
         self.dist.check_same({"task": task.name, "data": task.info(), "tokenizer": task.tokenizer_json(),
@@ -103,7 +113,7 @@ class Trainer:
         self.budgeted = cfg.time_limit_min is not None and (cfg.steps is None or "calibration" in self.extra)
         self.saved_step = self.evaluated_step = self.step if checkpoint is not None else None
         if elsewhere and self.dist.is_main:              # a branch: its log starts with the source's history
-            _copy_history(source / "metrics.jsonl", self.out / "metrics.jsonl")
+            copy_history(source / "metrics.jsonl", self.out / "metrics.jsonl")
         self.metrics = (MetricsLog(self.out / "metrics.jsonl", resume_step=self.step if checkpoint else None)
                         if self.dist.is_main else QuietLog())
         self.last_val: Optional[float] = None
@@ -113,7 +123,8 @@ class Trainer:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, task: Task, *, progress: bool = True,
-                        dist: Optional[DistContext] = None, **overrides) -> "Trainer":
+                        dist: Optional[DistContext] = None, lock: Optional[RunLock] = None,
+                        **overrides) -> "Trainer":
         """Continue the run saved in ckpt (task rebuilt from it); overrides change TrainConfig fields.
 
         The run continues in ``out_dir`` if given, else in the checkpoint's own run directory
@@ -128,7 +139,7 @@ class Trainer:
         cfg = TrainConfig.from_dict({**ckpt.train_config, "out_dir": str(ckpt.path.parent), **overrides})
         if overrides.get("steps") is not None:                 # an explicit length ends time budgeting
             ckpt.extra.pop("calibration", None)
-        return cls(task, cfg, progress=progress, checkpoint=ckpt, dist=dist)
+        return cls(task, cfg, progress=progress, checkpoint=ckpt, dist=dist, lock=lock)
 
     def _restore(self, ckpt: Checkpoint) -> None:
         self.model.load_state_dict(ckpt.model_state)
@@ -160,12 +171,19 @@ class Trainer:
                     loss = self.loss_fn(*batch)
                 (loss / cfg.grad_accum).backward()
             total += loss.item()
+        mean = self.dist.mean(total / cfg.grad_accum)                        # the same on every rank
+        if not math.isfinite(mean):                                           # before the step spreads it
+            self._non_finite(f"step {self.step + 1}: the training loss is {mean} (learning rate {lr:.3g})")
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._lr = lr
-        return self.dist.mean(total / cfg.grad_accum)
+        return mean
+
+    def _non_finite(self, what: str) -> None:
+        raise NonFiniteLoss(f"{what}: training stopped, and nothing from this step was saved; {intact(self.out)}. "
+                            "Lower --lr, or check the data for bad values")
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -182,6 +200,8 @@ class Trainer:
 
     def _evaluate_and_log(self) -> float:
         val = self.evaluate()
+        if not math.isfinite(val):
+            self._non_finite(f"step {self.step}: the validation loss is {val}")
         more = self.task.val_metrics(val)
         self.metrics.write({"step": self.step, "val_loss": val, **more})
         log.info("step %d: validation loss %.4f%s", self.step, val, f" ({format_metrics(more)})" if more else "")
@@ -189,15 +209,36 @@ class Trainer:
         return val
 
     def save(self) -> Path:
+        """Checkpoint the current step (refused, as NonFiniteLoss, if any weight is NaN or infinite)."""
+        bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            self._non_finite(f"step {self.step}: {len(bad)} weight tensors ({bad[0]}, ...) are not finite")
         rng = {**self.dist.rng_states(), "batches": self.sampler.state()}    # collective: every rank calls save
         if not self.dist.is_main:
             self.saved_step = self.step
             return self.out / f"step-{self.step:06d}"
-        path = save_checkpoint(self.out, self.step, self.model, tokenizer_json=self.task.tokenizer_json(),
-                               model_config=self.task.model_config(), train_config=self.cfg.to_dict(),
-                               optimizer=self.optimizer, rng=rng, extra=self.extra, keep=self.cfg.keep_checkpoints)
+        with self._lock.holding():
+            try:
+                path = save_checkpoint(self.out, self.step, self.model, tokenizer_json=self.task.tokenizer_json(),
+                                       model_config=self.task.model_config(), train_config=self.cfg.to_dict(),
+                                       optimizer=self.optimizer, rng=rng, extra=self.extra,
+                                       keep=self.cfg.keep_checkpoints)
+            except OSError as e:
+                if e.errno is not None and e.filename is None:          # a failed write() names no file
+                    raise OSError(e.errno, e.strerror, str(self.out / f"step-{self.step:06d}")) from e
+                raise
         self.saved_step = self.step
         return path
+
+    @contextmanager
+    def _disk_failures(self):
+        """A failed write (a full disk, a directory turned read-only) as one RunFailed saying what survived."""
+        try:
+            yield
+        except OSError as e:
+            where = e.filename or self.out
+            raise RunFailed(f"writing {where} failed at step {self.step} ({e.strerror or e}): training stopped; "
+                            f"{intact(self.out)}") from e
 
     def _size_to_budget(self, s_per_step: float, elapsed: float) -> None:
         """Set cfg.steps so that the run, its evaluations and the final save fit in time_limit_min.
@@ -221,9 +262,11 @@ class Trainer:
 
         Always ends with a checkpoint and a validation loss at the last step, then (``plot``) the
         loss-curve PNG of the whole run. In a distributed run a failure on another rank is a
-        ``DistributedError`` here (after at most the collective timeout), not a hang.
+        ``DistributedError`` here (after at most the collective timeout), not a hang. A non-finite loss
+        raises ``NonFiniteLoss`` and a failed write ``RunFailed`` (nothing more is saved; the message says
+        which checkpoint is intact).
         """
-        with self.dist.failures():
+        with self.dist.failures(), self._lock.holding(), self._disk_failures():
             return self._train(max_steps, plot)
 
     def _train(self, max_steps: Optional[int], plot: bool) -> list[float]:
@@ -344,18 +387,6 @@ class _Pace:
     loop_s: Optional[float] = None              # a whole loop turn, bookkeeping included (time budgeting)
     win: Optional[tuple] = None                 # (step, time, eval time) when the timing window began
     ema_loss: Optional[float] = None            # the progress bar's smoothed loss
-
-
-def _same_dir(a: Path, b: Path) -> bool:
-    """Whether two paths name the same directory (b may not exist yet)."""
-    return a.resolve() == b.resolve()
-
-
-def _copy_history(src: Path, dst: Path) -> None:
-    """Start a branched run's metrics.jsonl with its source's (MetricsLog then drops records after the step)."""
-    if src.is_file() and not dst.exists():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
 
 
 def _num_params(model: torch.nn.Module) -> int:

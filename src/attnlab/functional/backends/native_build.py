@@ -3,10 +3,10 @@
 ``setup.py`` compiles the kernel once per instruction-set level, each into its own module, instead
 of once with ``-march=native`` (a wheel built that way could crash with SIGILL on an older CPU):
 
-* ``attnlab._native_avx2``        x86-64-v3 (AVX2, FMA): at::vec's AVX2 code, MKL's GEMMs;
-* ``attnlab._native_avx512``      x86-64-v4 (AVX-512 F/BW/DQ/VL): at::vec's AVX-512 code, MKL's GEMMs;
-* ``attnlab._native_avx512_bf16`` x86-64-v4 + AVX512-BF16: also the micro-kernel's tiles (fp32, bf16);
-* ``attnlab._native_base``        other machines: no instruction-set flags.
+* ``_native_avx2``        x86-64-v3 (AVX2, FMA): at::vec's AVX2 code, MKL's GEMMs;
+* ``_native_avx512``      x86-64-v4 (AVX-512 F/BW/DQ/VL): at::vec's AVX-512 code, MKL's GEMMs;
+* ``_native_avx512_bf16`` x86-64-v4 + AVX512-BF16: also the micro-kernel's tiles (fp32, bf16);
+* ``_native_base``        other machines: no instruction-set flags.
 
 The level ``amx`` is the avx512_bf16 module with its bfloat16 products on AMX tiles (oneDNN's brgemm
 inside torch, csrc/amx.cpp): no flag of ours, the CPU's AMX is asked at run time; forcing any lower
@@ -18,7 +18,7 @@ problem (a level the CPU lacks is refused, never run).
 
 Example::
 
-    module, isa, why = load()          # (<module attnlab._native_avx512_bf16>, 'amx', 'the best ...')
+    module, isa, why = load()          # (<module ..._native_avx512_bf16>, 'amx', 'the best ...')
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def load() -> tuple[Optional[ModuleType], Optional[str], str]:
         order, why = runs, "the best build this CPU runs"
     errors = []
     for isa in order:
-        name = f"attnlab._native_{MODULES.get(isa, isa)}"
+        name = f"{__package__}._native_{MODULES.get(isa, isa)}"     # beside this file: the backend's own
         try:
             module = importlib.import_module(name)
         except ImportError as exc:                 # not built (no compiler at install time): say so below
