@@ -24,7 +24,7 @@ QUICK = ["--steps", "1", "--eval-iters", "1", "--batch-size", "4", "--no-progres
 @pytest.fixture
 def machine(monkeypatch):
     """A machine with 8 GiB available, whatever this one has; building any model is an error."""
-    monkeypatch.setattr(sizes, "available_memory", lambda: 8 * 2 ** 30)
+    monkeypatch.setattr(sizes, "available_ram", lambda: 8 * 2 ** 30)
 
     def never(*args, **kwargs):
         raise AssertionError("a model was built (allocated) for a size that should have been refused")
@@ -68,7 +68,7 @@ def test_a_training_step_too_big_for_memory_is_refused_before_allocation(tmp_pat
     assert main(["train", *argv, *data, "--steps", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert len(error_lines(err)) == 1 and "Traceback" not in err, err
-    assert "of memory" in err and "8.0 GiB is available" in err and err.rstrip().endswith(fix), err
+    assert "of memory" in err and "8.59 GB is available" in err and err.rstrip().endswith(fix), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"]            # no run directory
 
 
@@ -124,7 +124,7 @@ def test_the_parameter_estimate_matches_every_model_kind():
         est = model_params(m.cfg.to_dict())
         assert 0.85 * actual <= est <= 1.15 * actual, f"{type(m).__name__}: estimate {est}, actual {actual}"
     assert model_params({"d": 4}) == 0 and model_params({"vocab_size": "x", "n_layers": 2}) == 0   # unknown: no check
-    with pytest.raises(SizeError, match="needs about 1.0 GiB of memory .* 512.0 MiB is available; lower --x"):
+    with pytest.raises(SizeError, match="needs about 1.07 GB of memory .* 537 MB is available; lower --x"):
         check_fits(2 ** 30, what="it", detail="d", fix="lower --x", available=2 ** 29)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..functional import attention, available_backends, choose_backend
+from ..functional.memory import available_ram
 from ..functional.request import make_request
 from .cases import Case, attnlab_mask, flex_mods, sdpa_kwargs
 
@@ -159,17 +160,6 @@ def estimate_peak_bytes(name: str, case: Case) -> int:
     return int(linear + _quadratic_bytes(name, case))
 
 
-def _available_bytes() -> Optional[int]:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def memory_skip_reason(name: str, case: Case, limit_gb: float) -> Optional[str]:
     """Why running ``name`` on ``case`` could exhaust memory (None if it looks safe), decided before
     anything is allocated: the inputs (``input_bytes``) plus the step's own peak (``estimate_peak_bytes``).
@@ -185,7 +175,7 @@ def memory_skip_reason(name: str, case: Case, limit_gb: float) -> Optional[str]:
     parts = f"inputs {'q, k, v, grad' if case.mode == 'fwdbwd' else 'q, k, v'} {_gb(inputs)} + the step {_gb(step)}"
     if need > limit_gb * GB:
         return f"skipped: would need ~{_gb(need)} ({parts}; limit {limit_gb:g} GB)"
-    avail = _available_bytes()
+    avail = available_ram()
     if avail is not None and need > 0.9 * avail:
         return f"skipped: would need ~{_gb(need)} ({parts}), {avail / GB:.1f} GB available"
     return None

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .machine import cpu_label
 
-__all__ = ["format_table", "write_json", "fmt_bytes", "human_bytes"]
+__all__ = ["format_table", "write_json", "fmt_bytes"]
 
 COLUMNS = ["case (mask n dtype mode)", "contestant", "median ms", "GFLOP/s", "% peak", "x SDPA",
            "x flex", "peak MB", "notes"]
@@ -38,14 +38,6 @@ def fmt_bytes(b: Optional[float]) -> str:
         return ""
     mb = b / 1e6
     return f"{mb:.1f}" if mb < 1000 else f"{mb:.0f}"
-
-
-def human_bytes(b: float) -> str:
-    """Bytes with a unit people read at a glance: '352 MB', '240 GB'."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= size:
-            return f"{b / size:.3g} {unit}"
-    return f"{b:.0f} B"
 
 
 def _peak(r: dict) -> str:

@@ -21,7 +21,8 @@ from .cases import Case
 from .contestants import memory_skip_reason
 from .machine import machine_info
 from .memory import extrapolate, measure_peak
-from .report import fmt_bytes, human_bytes
+from ..functional.memory import human_bytes
+from .report import fmt_bytes
 
 __all__ = ["ScalingConfig", "run_memory_scaling", "format_scaling"]
 

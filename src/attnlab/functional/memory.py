@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["device_memory", "nbytes", "check_fits_in_memory", "check_weights_fit"]
+__all__ = ["device_memory", "available_ram", "human_bytes", "nbytes", "check_fits_in_memory", "check_weights_fit"]
 
 
 #: below this many bytes nothing is refused, and no call pays for reading /proc/meminfo (a file read per call)
@@ -35,24 +35,47 @@ def device_memory(device: torch.device) -> Optional[int]:
         if device.type == "cuda":
             return torch.cuda.mem_get_info(device)[1]
         if device.type == "cpu":
-            return _available_ram() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            return available_ram() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError, RuntimeError):
         pass
     return None
 
 
-def _available_ram() -> Optional[int]:
-    """/proc/meminfo's MemAvailable in bytes (what can be allocated without swapping), or None off Linux.
+def available_ram() -> Optional[int]:
+    """Bytes of RAM a process can allocate now without swapping: /proc/meminfo's MemAvailable, lowered to a
+    cgroup v2 container's headroom (which /proc/meminfo does not show); None when neither can be read.
     Physical RAM alone let a request that needs 21 GB of a 24 GiB machine with 12 GiB free compute for
-    72 s and then fail in the allocator (issue #26)."""
+    72 s and then fail in the allocator (issue #26). The one reading of it: attention's checks here, the
+    trainer's size estimates and the bench's memory limit all ask this.
+
+    >>> available_ram()          # doctest: +SKIP
+    12884901888
+    """
+    found = []
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                found.append(int(limit) - int(f.read()))
+    except (OSError, ValueError):
+        pass
+    return max(0, min(found)) if found else None
+
+
+def human_bytes(b: float) -> str:
+    """Bytes with a unit people read at a glance: '352 MB', '240 GB', '1.29 TB', '12.5 PB'."""
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
 
 
 def nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:

@@ -24,12 +24,12 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Optional
 
-__all__ = ["SizeEstimate", "SizeError", "model_params", "available_memory", "check_fits", "human_bytes",
-           "training_estimate", "check_training_fits", "INDEX",
-           "block_params", "stack_activations", "FLOAT"]
+from ..functional.memory import available_ram, human_bytes
+
+__all__ = ["SizeEstimate", "SizeError", "model_params", "check_fits", "training_estimate", "check_training_fits",
+           "INDEX", "block_params", "stack_activations", "FLOAT"]
 
 FLOAT = 4                   # bytes of an fp32 value: weights, gradients, optimizer moments and activations
 INDEX = 8                   # bytes of an int64 token id in a batch
@@ -37,15 +37,6 @@ INDEX = 8                   # bytes of an int64 token id in a batch
 
 class SizeError(ValueError):
     """A model or a batch that cannot fit in the memory this machine has (refused before allocating)."""
-
-
-def human_bytes(n: float) -> str:
-    """2.5e9 -> '2.3 GiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
 
 
 @dataclass
@@ -83,37 +74,13 @@ class SizeEstimate:
         return self.model_fix if self.state_bytes >= self.activation_bytes + self.data_bytes else self.batch_fix
 
 
-def available_memory() -> Optional[int]:
-    """Bytes of memory available now (``MemAvailable``, lowered to the cgroup's headroom), or None if unknown."""
-    found = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:                                # cgroup v2: a container's limit, which /proc/meminfo does not show
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    if not found:
-        try:
-            import psutil
-            found.append(psutil.virtual_memory().available)
-        except ImportError:
-            return None
-    return max(0, min(found))
-
-
 def check_fits(need: int, *, what: str, detail: str, fix: str, available: Optional[int] = None) -> None:
     """SizeError when ``need`` bytes exceed the memory available (``available``, else measured now).
 
     >>> check_fits(10**15, what="one training step", detail="...", fix="lower --batch-size")  # doctest: +SKIP
     SizeError: one training step needs about 909.5 TiB of memory (...), 18.2 GiB is available; lower --batch-size
     """
-    have = available_memory() if available is None else available
+    have = available_ram() if available is None else available
     if have is not None and need > have:
         raise SizeError(f"{what} needs about {human_bytes(need)} of memory ({detail}), {human_bytes(have)} is "
                         f"available; {fix}")
