@@ -9,7 +9,7 @@ import attnlab
 from attnlab.functional import api, current_backend, explain, use_backend
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn import MultiheadAttention, MultiHeadAttention, set_backend
+from attnlab.nn import MultiheadAttention, AttentionLayer, set_backend
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_a_model_runs_under_the_scope(picked):
 def _backends(model):
     found = []
     for m in model.modules():
-        if isinstance(m, MultiHeadAttention):
+        if isinstance(m, AttentionLayer):
             found.append(m.cfg.backend)
         elif isinstance(m, MultiheadAttention):
             found.append(m.backend)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn import MLP, BlockConfig, Decoder, Encoder, TransformerBlock
+from attnlab.nn import MLP, BlockConfig, DecoderStack, EncoderStack, TransformerBlock
 
 VARIANTS = list(itertools.product(["layer", "rms"], ["gelu", "swiglu"], [True, False]))
 
@@ -17,7 +17,7 @@ VARIANTS = list(itertools.product(["layer", "rms"], ["gelu", "swiglu"], [True, F
 def test_every_variant_trains(norm, mlp, norm_first):
     torch.manual_seed(0)
     cfg = BlockConfig(d_model=32, n_heads=4, norm=norm, mlp=mlp, norm_first=norm_first, dropout=0.1)
-    enc, dec = Encoder(cfg, 2), Decoder(cfg, 2)
+    enc, dec = EncoderStack(cfg, 2), DecoderStack(cfg, 2)
     src, tgt = torch.randn(2, 7, 32), torch.randn(2, 5, 32)
     y = dec(tgt, enc(src))
     assert y.shape == (2, 5, 32)
@@ -52,7 +52,7 @@ def test_mlps():
 def test_decoder_never_peeks_and_cache_equals_full():
     torch.manual_seed(0)
     cfg = BlockConfig(d_model=32, n_heads=4, n_kv_heads=2, norm="rms", mlp="swiglu", positional="rope")
-    dec = Decoder(cfg, 2).eval()
+    dec = DecoderStack(cfg, 2).eval()
     mem, tgt = torch.randn(2, 6, 32), torch.randn(2, 8, 32)
     with torch.no_grad():
         full = dec(tgt, mem)
@@ -66,7 +66,7 @@ def test_decoder_never_peeks_and_cache_equals_full():
 
 def test_encoder_padding_and_t5_sharing():
     torch.manual_seed(0)
-    enc = Encoder(BlockConfig(d_model=32, n_heads=4, positional="t5"), 3).eval()
+    enc = EncoderStack(BlockConfig(d_model=32, n_heads=4, positional="t5"), 3).eval()
     tables = {id(layer.self_attn.positional) for layer in enc.layers}
     assert len(tables) == 1 and enc.layers[0].self_attn.positional.bidirectional
     assert sum(p.numel() for p in enc.parameters() if p.shape == (32, 4)) == 32 * 4   # one table in all
@@ -84,8 +84,8 @@ def test_block_errors():
     with pytest.raises(ValueError, match="mlp must be"):
         BlockConfig(d_model=8, n_heads=2, mlp="relu2")
     with pytest.raises(ValueError, match="n_layers >= 1"):
-        Encoder(BlockConfig(d_model=8, n_heads=2), 0)
-    dec = Decoder(BlockConfig(d_model=8, n_heads=2), 1)
+        EncoderStack(BlockConfig(d_model=8, n_heads=2), 0)
+    dec = DecoderStack(BlockConfig(d_model=8, n_heads=2), 1)
     with pytest.raises(ValueError, match="pass the encoder output as memory"):
         dec(torch.randn(1, 3, 8), None)
 
@@ -93,7 +93,7 @@ def test_block_errors():
 def test_capture_records_every_layers_attention():
     torch.manual_seed(0)
     cfg = BlockConfig(d_model=32, n_heads=4)
-    enc, dec = Encoder(cfg, 2).eval(), Decoder(cfg, 3).eval()
+    enc, dec = EncoderStack(cfg, 2).eval(), DecoderStack(cfg, 3).eval()
     src, tgt = torch.randn(1, 7, 32), torch.randn(1, 5, 32)
     with torch.no_grad():
         caught: list = []

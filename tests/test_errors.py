@@ -103,8 +103,8 @@ def test_mask_and_tensor_suggests_masks_dense():
 
 
 def test_multihead_attention_input_dtype():
-    from attnlab.nn import AttentionConfig, MultiHeadAttention
-    mha = MultiHeadAttention(AttentionConfig(d_model=16, n_heads=2))
+    from attnlab.nn import AttentionConfig, AttentionLayer
+    mha = AttentionLayer(AttentionConfig(d_model=16, n_heads=2))
     with pytest.raises(TypeError, match=r"x is torch.float64 but the layer's weights are torch.float32: convert"):
         mha(torch.randn(1, 3, 16, dtype=torch.float64))
     with pytest.raises(TypeError, match=r"floating-point .* got torch.int64: token ids go through an embedding"):

@@ -248,7 +248,7 @@ FLOORS = [
     {"attnlab.models", "attnlab.integrations", "attnlab.data"},
     {"attnlab.nn"},
     {"attnlab.positional"},
-    {"attnlab", "attnlab.presets", "attnlab.numpy_reference"},
+    {"attnlab", "attnlab.presets", "attnlab.numpy_reference", "attnlab.deprecation"},
     {"attnlab.functional"},
 ]
 

@@ -23,7 +23,7 @@ from attnlab.lab.exp_pretrained import SAT_AWARD_SENTENCE, head_statistics, judg
 from attnlab.lab.subject_link import token_index
 from attnlab.lab.exp_sequential import (critical_path, judge_critical_path, judge_wall_time, layer_flops,
                                         layers_for_timing, native_rnn, threads)
-from attnlab.nn import AttentionConfig, MultiHeadAttention
+from attnlab.nn import AttentionConfig, AttentionLayer
 from attnlab.nn.rnn import ElmanRNN, LSTMBaseline, RNNConfig
 
 needs_minilm = pytest.mark.skipif(
@@ -66,9 +66,9 @@ def test_critical_path_rnn_is_n_attention_constant(n):
         lstm = critical_path(LSTMBaseline(RNNConfig(dim=16)), x)
     assert lstm.depth == n and lstm.opaque == []
     # projections (q, k, v in one), q k^T, weights @ v, output projection
-    ref = critical_path(MultiHeadAttention(AttentionConfig(d_model=16, n_heads=4, backend="reference")), x)
+    ref = critical_path(AttentionLayer(AttentionConfig(d_model=16, n_heads=4, backend="reference")), x)
     assert (ref.depth, ref.matmuls) == (4, 4)
-    fused = critical_path(MultiHeadAttention(AttentionConfig(d_model=16, n_heads=4, backend="sdpa")), x)
+    fused = critical_path(AttentionLayer(AttentionConfig(d_model=16, n_heads=4, backend="sdpa")), x)
     assert fused.depth == 4                      # the fused SDPA call counts as its two products
 
 

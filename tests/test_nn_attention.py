@@ -1,4 +1,4 @@
-"""MultiHeadAttention: the theory's invariants at module level, for every positional scheme and
+"""AttentionLayer: the theory's invariants at module level, for every positional scheme and
 exact backend -- permutation equivariance (and its loss), no peeking, KV-cache == full forward,
 cross-attention, multi-head cost by FLOP count, and clear errors."""
 from __future__ import annotations
@@ -7,17 +7,17 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.nn import AttentionConfig, KVCache, MultiHeadAttention
+from attnlab.nn import AttentionConfig, KVCache, AttentionLayer
 
 SCHEMES = [None, "sinusoidal", "learned", "rope", "alibi", "t5", "shaw"]
 BACKENDS = ["reference", "sdpa", "tiled"]
 
 
-def make(seed=0, **kw) -> MultiHeadAttention:
+def make(seed=0, **kw) -> AttentionLayer:
     torch.manual_seed(seed)
     cfg = dict(d_model=32, n_heads=4, n_kv_heads=2)
     cfg.update(kw)
-    m = MultiHeadAttention(AttentionConfig(**cfg)).eval()
+    m = AttentionLayer(AttentionConfig(**cfg)).eval()
     if m.positional is not None and getattr(m.positional, "value_emb", None) is not None:
         torch.nn.init.normal_(m.positional.value_emb)               # zero at init: make the value term count
     return m
@@ -127,7 +127,7 @@ def test_intermediates_and_dropout():
         assert not torch.allclose(m(x), m(x))                       # training: dropout active
 
 
-def count_flops(m: MultiHeadAttention, x: torch.Tensor) -> int:
+def count_flops(m: AttentionLayer, x: torch.Tensor) -> int:
     with FlopCounterMode(display=False) as counter:
         m(x)
     return counter.get_total_flops()

@@ -4,7 +4,7 @@
     out = al.attention(q, k, v, causal=True)          # q: (B, H, L, D)
     why = al.explain(q, k, v, mask=al.masks.window(128, 128))   # which backend, and why
     with al.use_backend("native"): ...                 # every call left on "auto" runs the compiled kernel
-    mha = al.nn.MultiHeadAttention(al.nn.AttentionConfig(d_model=64, n_heads=4, positional="rope"))
+    mha = al.nn.AttentionLayer(al.nn.AttentionConfig(d_model=64, n_heads=4, positional="rope"))
 """
 from __future__ import annotations
 

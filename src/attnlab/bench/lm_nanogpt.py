@@ -10,7 +10,7 @@ head tied to the token embedding. With the same sizes it has exactly the paramet
 
 Two switches exist only to *diagnose* a speed gap, one difference at a time (defaults = nanoGPT):
 
-    qkv="separate"      three q/k/v Linears, as attnlab's MultiHeadAttention has
+    qkv="separate"      three q/k/v Linears, as attnlab's AttentionLayer has
     attend="attnlab"    heads through ``attnlab.attention(causal=True)`` instead of SDPA
 
 Example::

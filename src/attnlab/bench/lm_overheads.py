@@ -8,7 +8,7 @@ in microseconds per call, so a gap in the model-level numbers can be traced to a
     head split            einops.rearrange vs view + transpose
     q/k/v projections     three Linears vs one fused Linear (nanoGPT), forward + backward
 
-These found the two fixes now in the code: ``MultiHeadAttention`` projects q, k, v with one
+These found the two fixes now in the code: ``AttentionLayer`` projects q, k, v with one
 matmul, and ``attention`` drops bottom-right causal masking for a single query row.
 
 Example::

@@ -42,10 +42,10 @@ ROTATION_TOL, DOT_SPREAD_TOL, CONTROL_MIN = 1e-12, 1e-10, 1e-2
 
 
 def _layer(seed: int, **cfg):
-    """A float64 MultiHeadAttention with weights drawn from ``seed`` (same seed, same weights)."""
-    from ..nn import AttentionConfig, MultiHeadAttention
+    """A float64 AttentionLayer with weights drawn from ``seed`` (same seed, same weights)."""
+    from ..nn import AttentionConfig, AttentionLayer
     torch.manual_seed(seed)
-    return MultiHeadAttention(AttentionConfig(**cfg)).double().eval()
+    return AttentionLayer(AttentionConfig(**cfg)).double().eval()
 
 
 # -- permutation equivariance -------------------------------------------------------------------------
@@ -338,7 +338,7 @@ def claim_causal_gradient(ctx: VerifyContext) -> Claim:
     return Claim(
         "causal-gradient", "Causal masking: no gradient flows from future tokens",
         statement="With a causal mask, output i depends on inputs j <= i only: d out_i / d x_j = 0 for every j > i.",
-        criterion=f"float64 causal MultiHeadAttention (L={L}, C={C}, 2 heads), full autograd Jacobian, every exact "
+        criterion=f"float64 causal AttentionLayer (L={L}, C={C}, 2 heads), full autograd Jacobian, every exact "
                   "backend",
         checks=checks, measurement={"backends": per, "control_unmasked": control, "L": L, "C": C},
         summary=f"future gradient {max((per[n]['future_max'] for n in ran), default=float('nan')):g} on "

@@ -5,7 +5,7 @@ for self-attention; total work O(n d^2) vs O(n^2 d)):
 
     sequential-critical-path   the longest chain of dependent matrix products in one forward,
                                counted by ``critical_path`` (a torch dispatch mode): n for
-                               ``ElmanRNN`` and torch's LSTM, a constant for ``MultiHeadAttention``
+                               ``ElmanRNN`` and torch's LSTM, a constant for ``AttentionLayer``
     sequential-wall-time       forward time of the three layers as n grows, batch 1 and 32
 
 ``critical_path`` follows data dependencies through every aten op: an output's depth is the
@@ -110,7 +110,7 @@ def critical_path(module: Callable[[Tensor], Tensor], x: Tensor) -> PathCount:
         a PathCount; ``opaque`` lists fused kernels (e.g. oneDNN's LSTM) whose steps were not seen:
         wrap the call in ``native_rnn()`` to make torch run its recurrences step by step.
     Example:
-        critical_path(MultiHeadAttention(AttentionConfig(d_model=32, n_heads=4, backend="reference")),
+        critical_path(AttentionLayer(AttentionConfig(d_model=32, n_heads=4, backend="reference")),
                       torch.randn(1, 100, 32)).depth          # 4: qkv, q k^T, weights @ v, output
     """
     if not isinstance(x, Tensor):
@@ -231,11 +231,11 @@ def layer_flops(n: int, d: int) -> dict[str, int]:
 
 def layers_for_timing(dim: int, heads: int, seed: int, backend: str = "auto") -> dict[str, nn.Module]:
     """The three layers compared, same width: Elman RNN, torch LSTM, multi-head self-attention."""
-    from ..nn import AttentionConfig, MultiHeadAttention
+    from ..nn import AttentionConfig, AttentionLayer
     from ..nn.rnn import ElmanRNN, LSTMBaseline, RNNConfig
     torch.manual_seed(seed)
     return {"elman": ElmanRNN(RNNConfig(dim=dim)).eval(), "lstm": LSTMBaseline(RNNConfig(dim=dim)).eval(),
-            "attention": MultiHeadAttention(AttentionConfig(d_model=dim, n_heads=heads, backend=backend)).eval()}
+            "attention": AttentionLayer(AttentionConfig(d_model=dim, n_heads=heads, backend=backend)).eval()}
 
 
 def claim_sequential_critical_path(ctx: VerifyContext) -> Claim:
@@ -269,7 +269,7 @@ def claim_sequential_critical_path(ctx: VerifyContext) -> Claim:
         statement="A recurrent layer must compute h_t from h_{t-1}: n dependent steps. Self-attention computes "
                   "all n outputs with a fixed chain of matrix products (project, q k^T, weights @ v, output) "
                   "whose sizes grow with n but whose number does not (Vaswani et al. 2017, Table 1).",
-        criterion=f"ElmanRNN, torch's LSTM and MultiHeadAttention (d={dim}, batch 1, n in {ns}), one forward each. "
+        criterion=f"ElmanRNN, torch's LSTM and AttentionLayer (d={dim}, batch 1, n in {ns}), one forward each. "
                   "Counted: the longest chain of matrix products (mm/addmm/bmm/baddbmm, a fused SDPA call as 2) "
                   "each waiting for the previous one, through every aten op. Not counted: elementwise ops and "
                   "reductions (softmax, the gates' sigmoid/tanh) are free, the PRAM idealisation; a softmax's sum "
@@ -336,7 +336,7 @@ def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
                   "a batch gives each recurrent step matmul-sized work, time follows FLOPs, and attention loses "
                   "wherever it does more of them (n > 2d against an LSTM).",
         criterion=f"forward time (fastest of {repeats} interleaved runs, one thread, float32, no grad) of "
-                  f"MultiHeadAttention(d={dim}, {heads} heads), ElmanRNN and torch's LSTM at n in {ns}, batch 1 and "
+                  f"AttentionLayer(d={dim}, {heads} heads), ElmanRNN and torch's LSTM at n in {ns}, batch 1 and "
                   "32; FLOPs = the layers' matrix products (layer_flops, the count critical_path makes); medians "
                   "are in the measurement",
         checks=checks,

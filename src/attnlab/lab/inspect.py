@@ -288,7 +288,7 @@ def _weights(m: InspectModel, ids: Tensor, *, positional: bool, scale_factor: fl
     saved = [(a.cfg, a.positional) for a in attns]
     try:
         for a in attns:
-            # MultiHeadAttention reads cfg.scale / cfg.backend per call: a replaced cfg is the knob
+            # AttentionLayer reads cfg.scale / cfg.backend per call: a replaced cfg is the knob
             a.cfg = replace(a.cfg, scale=a.scale * scale_factor, backend=backend)
             if not positional and a.positional is not None:
                 a.positional = None                                # RoPE / ALiBi / relative: off

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import BlockConfig, Decoder
+from ..nn import BlockConfig, DecoderStack
 from ..positional import LearnedEncoding
 from .vit import ViT, ViTConfig
 
@@ -90,7 +90,7 @@ class Captioner(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_enc = LearnedEncoding(cfg.max_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.decoder = Decoder(cfg.block(), cfg.n_layers)
+        self.decoder = DecoderStack(cfg.block(), cfg.n_layers)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # PyTorch's default Linear init, as in the ViT (see there); embeddings N(0, 0.02) as in GPT-2
         nn.init.normal_(self.tok_emb.weight, std=0.02)

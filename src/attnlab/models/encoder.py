@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..functional.registry import get_backend
 from ..nn import BlockConfig
 from ..nn.backend import deprecated_backend_alias
-from ..nn.blocks import Encoder as BlockStack
+from ..nn.blocks import EncoderStack as BlockStack
 from ..presets import from_preset, upgrade_keys
 from .gpt import GPT
 from .minilm import WordPieceTokenizer, bert_config_fields, has_mlm_head, load_bert_weights, minilm_path, \

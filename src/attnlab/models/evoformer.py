@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.axial import AxialAttention, AxialAttentionConfig
-from ..nn.blocks import BlockConfig, Encoder
+from ..nn.blocks import BlockConfig, EncoderStack
 
 __all__ = ["EvoformerConfig", "Evoformer", "EvoformerBlock", "OuterProductMean", "TriangleMultiplication",
            "matched_flat_size", "KINDS", "ABLATIONS"]
@@ -255,7 +255,7 @@ class Evoformer(nn.Module):
             self.embed = nn.Embedding(cfg.vocab, d)
             self.row_emb, self.col_emb = nn.Embedding(cfg.max_rows, d), nn.Embedding(cfg.max_cols, d)
             block = BlockConfig(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.flat_ff or 4 * d, backend=cfg.backend)
-            self.encoder = Encoder(block, cfg.n_blocks)
+            self.encoder = EncoderStack(block, cfg.n_blocks)
             self.relpos = _RelPos(cfg.max_relpos, d)
             self.pair_in = nn.Linear(2 * d, d)
             self.head = nn.Sequential(nn.GELU(), nn.LayerNorm(d), nn.Linear(d, 1))

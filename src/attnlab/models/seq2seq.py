@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import BlockConfig, Decoder, Encoder
+from ..nn import BlockConfig, DecoderStack, EncoderStack
 from ..positional import LearnedEncoding, SinusoidalEncoding
 from ..presets import from_preset
 
@@ -119,8 +119,8 @@ class Seq2Seq(nn.Module):
         else:
             self.src_pos = self.tgt_pos = None
         self.drop = nn.Dropout(cfg.dropout)
-        self.encoder = Encoder(cfg.block(), cfg.n_encoder_layers)
-        self.decoder = Decoder(cfg.block(), cfg.n_decoder_layers)
+        self.encoder = EncoderStack(cfg.block(), cfg.n_encoder_layers)
+        self.decoder = DecoderStack(cfg.block(), cfg.n_decoder_layers)
         self.out = None if cfg.tie_output else nn.Linear(C, cfg.target_vocab, bias=False)
         for emb in {self.src_emb, self.tgt_emb}:
             # N(0, 1/C) times sqrt(C) in forward: unit-variance token vectors, on the scale of the sinusoid,

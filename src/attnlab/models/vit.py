@@ -32,7 +32,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..nn import BlockConfig
-from ..nn.blocks import Encoder as BlockStack
+from ..nn.blocks import EncoderStack as BlockStack
 from ..positional import LearnedEncoding2D, sinusoidal_2d
 from ..presets import from_preset
 

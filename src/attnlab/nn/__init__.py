@@ -6,14 +6,19 @@ splitting, positional schemes from ``attnlab.positional``, caches, and the
 """
 # One import line per module, and its names in __all__.
 from .torch_mha import MultiheadAttention
-from .attention import AttentionConfig, Intermediates, MultiHeadAttention
+from .attention import AttentionConfig, Intermediates, AttentionLayer
 from .kv_cache import KVCache
-from .blocks import MLP, BlockConfig, Decoder, Encoder, TransformerBlock
+from .blocks import MLP, BlockConfig, DecoderStack, EncoderStack, TransformerBlock
 from .axial import AxialAttention, AxialAttentionConfig, AxialIntermediates
 from .backend import set_backend
+from ..deprecation import renamed
 from .rnn import RNNS, ElmanRNN, GRUBaseline, LSTMBaseline, RNNConfig, make_rnn
 
-__all__ = ["MultiheadAttention", "AttentionConfig", "Intermediates", "MultiHeadAttention", "KVCache", "MLP",
-           "BlockConfig", "Decoder", "Encoder", "TransformerBlock", "AxialAttention", "AxialAttentionConfig",
+__all__ = ["MultiheadAttention", "AttentionConfig", "Intermediates", "AttentionLayer", "KVCache", "MLP",
+           "BlockConfig", "DecoderStack", "EncoderStack", "TransformerBlock", "AxialAttention", "AxialAttentionConfig",
            "AxialIntermediates", "set_backend", "RNNS", "ElmanRNN", "GRUBaseline", "LSTMBaseline", "RNNConfig",
            "make_rnn"]
+
+# Renamed in issue #29 (one name per concept): the old names still work, with a DeprecationWarning.
+__getattr__ = renamed(globals(), {"MultiHeadAttention": "AttentionLayer", "Encoder": "EncoderStack",
+                                  "Decoder": "DecoderStack"}, __name__)

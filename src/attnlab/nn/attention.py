@@ -1,4 +1,4 @@
-"""``MultiHeadAttention``: self- or cross-attention over (B, L, C), with any positional scheme.
+"""``AttentionLayer``: self- or cross-attention over (B, L, C), with any positional scheme.
 
     x (B, L, C) --Wq--> q (B, H, L, D)            D = C / H
     x or context --Wk, Wv--> k, v (B, Hkv, S, D)  Hkv = n_kv_heads (GQA/MQA when < H)
@@ -12,7 +12,7 @@ exactly the full forward's result.
 Example::
 
     cfg = AttentionConfig(d_model=64, n_heads=4, causal=True, positional="rope")
-    mha = MultiHeadAttention(cfg)
+    mha = AttentionLayer(cfg)
     y = mha(x)                                            # x: (B, L, 64) -> (B, L, 64)
     cache = mha.new_cache(batch=2, capacity=128)
     y_t = mha(x_t, cache=cache)                           # one token at a time, x_t: (B, 1, 64)
@@ -28,11 +28,12 @@ from torch import Tensor, nn
 
 from ..functional import attention, masks
 from ..functional.backends.reference import accum_dtype, dense_bias
+from ..deprecation import renamed
 from ..functional.registry import get_backend
 from ..positional import POSITIONAL, make_positional
 from .kv_cache import KVCache
 
-__all__ = ["AttentionConfig", "MultiHeadAttention", "Intermediates"]
+__all__ = ["AttentionConfig", "AttentionLayer", "Intermediates"]
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Intermediates:
     weights: Tensor
 
 
-class MultiHeadAttention(nn.Module):
+class AttentionLayer(nn.Module):
     """Multi-head attention with GQA, positional schemes, masks, dropout and a KV cache."""
 
     def __init__(self, cfg: AttentionConfig):
@@ -257,3 +258,7 @@ class MultiHeadAttention(nn.Module):
             for m in parts:
                 s = s.masked_fill(~m.dense(L, S).to(s.device), float("-inf"))
             return s
+
+
+# AttentionLayer was MultiHeadAttention until issue #29: one letter from torch's MultiheadAttention (nn.torch_mha).
+__getattr__ = renamed(globals(), {"MultiHeadAttention": "AttentionLayer"}, __name__)

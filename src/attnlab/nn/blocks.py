@@ -3,15 +3,15 @@
     pre-norm  (GPT-2, LLaMA):          x = x + drop(attn(norm(x)));  x = x + drop(mlp(norm(x)))
     post-norm (Vaswani 2017, BERT):    x = norm(x + drop(attn(x)));  x = norm(x + drop(mlp(x)))
 
-``Encoder`` stacks bidirectional self-attention blocks; ``Decoder`` stacks causal self-attention
+``EncoderStack`` stacks bidirectional self-attention blocks; ``DecoderStack`` stacks causal self-attention
 + cross-attention to an encoder's output (the "memory"). T5-style relative bias tables are shared
 by all layers of a stack, as in T5.
 
 Example::
 
     cfg = BlockConfig(d_model=64, n_heads=4, norm="rms", mlp="swiglu", positional="rope")
-    enc = Encoder(cfg, n_layers=2)
-    dec = Decoder(cfg, n_layers=2)
+    enc = EncoderStack(cfg, n_layers=2)
+    dec = DecoderStack(cfg, n_layers=2)
     memory = enc(src)                       # src: (B, S, 64)
     y = dec(tgt, memory)                    # tgt: (B, L, 64) -> (B, L, 64)
 """
@@ -23,10 +23,11 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import AttentionConfig, MultiHeadAttention
+from ..deprecation import renamed
+from .attention import AttentionConfig, AttentionLayer
 from .kv_cache import KVCache
 
-__all__ = ["BlockConfig", "MLP", "TransformerBlock", "Encoder", "Decoder", "make_norm"]
+__all__ = ["BlockConfig", "MLP", "TransformerBlock", "EncoderStack", "DecoderStack", "make_norm"]
 
 
 @dataclass
@@ -102,8 +103,8 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: BlockConfig):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = MultiHeadAttention(cfg.attention())
-        self.cross_attn = MultiHeadAttention(cfg.attention(cross=True)) if cfg.cross_attention else None
+        self.self_attn = AttentionLayer(cfg.attention())
+        self.cross_attn = AttentionLayer(cfg.attention(cross=True)) if cfg.cross_attention else None
         n_norms = 3 if cfg.cross_attention else 2
         self.norms = nn.ModuleList(make_norm(cfg) for _ in range(n_norms))
         self.mlp = MLP(cfg)
@@ -134,7 +135,7 @@ class TransformerBlock(nn.Module):
         return self._residual(x, self.norms[-1], self.mlp)
 
 
-def _run(attn: MultiHeadAttention, capture: Optional[list], *args, **kwargs) -> Tensor:
+def _run(attn: AttentionLayer, capture: Optional[list], *args, **kwargs) -> Tensor:
     """Call ``attn``; with a capture list, also record its Intermediates there."""
     if capture is None:
         return attn(*args, **kwargs)
@@ -157,7 +158,7 @@ class _Stack(nn.Module):
         self.final_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
 
 
-class Encoder(_Stack):
+class EncoderStack(_Stack):
     """Bidirectional self-attention blocks: (B, L, C) -> (B, L, C)."""
 
     def __init__(self, cfg: BlockConfig, n_layers: int):
@@ -169,7 +170,7 @@ class Encoder(_Stack):
         return self.final_norm(x)
 
 
-class Decoder(_Stack):
+class DecoderStack(_Stack):
     """Causal self-attention + cross-attention blocks; ``new_cache`` for token-by-token decoding."""
 
     def __init__(self, cfg: BlockConfig, n_layers: int):
@@ -187,3 +188,7 @@ class Decoder(_Stack):
             x = layer(x, memory, key_mask=key_mask, memory_mask=memory_mask,
                       cache=None if cache is None else cache[n], capture=capture)
         return self.final_norm(x)
+
+
+# The stacks were Encoder and Decoder until issue #29: models/encoder.py's Encoder (BERT) is another idea.
+__getattr__ = renamed(globals(), {"Encoder": "EncoderStack", "Decoder": "DecoderStack"}, __name__)

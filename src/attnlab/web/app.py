@@ -49,10 +49,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
                            backend_choices, list_models, load_model)
+from ..deprecation import renamed
 from .guard import PostGuard
 from .lesson import lesson_router
 
-__all__ = ["create_app", "AttentionRequest", "DEFAULT_MAX_CHARS", "DEFAULT_BODY_TIMEOUT_S", "STATIC_DIR"]
+__all__ = ["create_app", "MapsRequest", "DEFAULT_MAX_CHARS", "DEFAULT_BODY_TIMEOUT_S", "STATIC_DIR"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 DEFAULT_MAX_CHARS = 500            # a paragraph; the token cap (inspect.MAX_TOKENS) bounds the work too
@@ -62,7 +63,7 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
 
 
-class AttentionRequest(BaseModel):
+class MapsRequest(BaseModel):
     """POST /api/attention's body. Strict types: "1" is not a layer, 1 is not a boolean."""
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     text: str
@@ -100,7 +101,7 @@ def _kernel(loaded, backend: str, L: int, positional: bool) -> str:
     return choose_backend(req, backend).name
 
 
-def _payload(maps, req: AttentionRequest) -> dict:
+def _payload(maps, req: MapsRequest) -> dict:
     """The JSON answer (run in a worker thread: load_model waits for the model lock)."""
     w = maps.weights[0]                                                       # (heads, L, L)
     L = len(maps.tokens)
@@ -182,7 +183,7 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
     @app.post("/api/attention")
     async def attention(request: Request):
         try:                                 # the guard has read the body already, under its caps
-            req = AttentionRequest.model_validate_json(await request.body())
+            req = MapsRequest.model_validate_json(await request.body())
         except ValidationError as e:
             return _error(422, _describe(e))
         if not req.text.strip():
@@ -207,3 +208,7 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
         return await run_in_threadpool(_payload, maps, req)
 
     return app
+
+
+# MapsRequest was AttentionRequest until issue #29: functional.request.AttentionRequest is the kernels' request.
+__getattr__ = renamed(globals(), {"AttentionRequest": "MapsRequest"}, __name__)
