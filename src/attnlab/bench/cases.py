@@ -35,7 +35,7 @@ MASK_KINDS = {
     "window": "causal sliding window of W past keys: query i sees i-W <= j <= i (masks.window(W, 0))",
     "documents": "packed documents: n split into --docs equal-length documents (masks.documents(ids)); "
                  "attention stays within a document, not causal",
-    "alibi": "ALiBi-like bias -slope_h * |i - j| (slope_h = 2^(-8h/H), h = 1..H) with a causal mask, "
+    "alibi": "ALiBi bias -slope_h * |i - j| (positional.alibi_slopes: 2^(-8h/H) when H is a power of 2) and causal, "
              "as a relative FunctionBias (computed per tile by tiled, read from an O(n) table by native)",
 }
 MODES = {"fwd": "forward only, under torch.no_grad()",
