@@ -155,8 +155,8 @@ def test_the_sentence_sets_are_disjoint_and_the_target_is_held_out():
 # -- the real model ------------------------------------------------------------------------------------
 @needs_minilm
 def test_every_word_of_the_relation_is_one_wordpiece():
-    from attnlab.lab.inspect import load_model
-    tokenize = load_model("minilm").tokenize
+    from attnlab.lab.inspect import registered_model
+    tokenize = registered_model("minilm").tokenize
     for s in SELECTION_SENTENCES + HELD_OUT_SENTENCES:
         tokens, _ = tokenize(s.text)
         for word in (s.verb, s.subject, s.clause_noun):

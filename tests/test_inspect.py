@@ -9,7 +9,7 @@ import torch
 from attnlab.data.tokenization import CharTokenizer
 from attnlab.lab import inspect
 from attnlab.lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy,
-                                 attention_maps, backend_choices, list_models, load_model, register_model)
+                                 attention_maps, backend_choices, list_models, registered_model, register_model)
 from attnlab.models import GPT, GPTConfig
 
 TOY = "toy-encoder"
@@ -49,8 +49,8 @@ def test_without_positions_order_is_invisible():
 
 def test_layer0_matches_a_manual_computation():
     """Layer 0's weights = softmax(factor * q k^T / sqrt(d)) from the toy's own parameters, with and without PE."""
-    model = load_model(TOY).model
-    ids = torch.tensor([load_model(TOY).tokenize(A)[1]])                            # (1, 5)
+    model = registered_model(TOY).model
+    ids = torch.tensor([registered_model(TOY).tokenize(A)[1]])                            # (1, 5)
     attn = model.layers[0].self_attn
     H, D = attn.cfg.n_heads, attn.cfg.head_dim
     for positional, factor in [(True, 1.0), (True, 3.0), (False, 0.5)]:
@@ -94,7 +94,7 @@ def test_approximate_backend_reports_its_error():
 
 
 def test_knobs_are_restored_after_the_call():
-    attn = load_model(TOY).model.layers[0].self_attn
+    attn = registered_model(TOY).model.layers[0].self_attn
     before = (attn.cfg, attn.scale)
     attention_maps(TOY, A, scale_factor=4.0, backend="tiled", positional=False)
     with pytest.raises(InputTooLongError):
@@ -139,7 +139,7 @@ def test_registered_gpt_is_causal_and_positions_switch_off():
     assert torch.all(m.weights.triu(1) == 0), "a causal model attends to no future token"
     off = attention_maps("test-gpt", "abc dea", positional=False)
     assert (off.weights - m.weights).abs().max() > 1e-4, "RoPE off should change the maps"
-    assert load_model("test-gpt").attn_layers[0].positional is not None, "RoPE is restored after the call"
+    assert registered_model("test-gpt").attn_layers[0].positional is not None, "RoPE is restored after the call"
     assert [e for e in list_models() if e["name"] == "test-gpt"][0]["layers"] == 2
 
 
@@ -196,4 +196,4 @@ def test_minilm_order_blind_without_positions():
     assert (permute(a.weights, p) - with_pe.weights).abs().max() > 1e-2
     assert a.agreement < 1e-5
     # the cached model's own tokenizer still truncates (inspection uses a private copy)
-    assert load_model("minilm").model.tokenizer.tok.truncation is not None
+    assert registered_model("minilm").model.tokenizer.tok.truncation is not None

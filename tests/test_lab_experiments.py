@@ -306,9 +306,9 @@ def test_one_special_head_among_uniform_ones_is_not_diversity():
 def test_minilm_wordpieces_of_the_sentence():
     from tokenizers import Tokenizer
 
-    from attnlab.lab.inspect import load_model
+    from attnlab.lab.inspect import registered_model
     from attnlab.models.minilm import minilm_path
-    tokens, ids = load_model("minilm").tokenize(SAT_AWARD_SENTENCE)
+    tokens, ids = registered_model("minilm").tokenize(SAT_AWARD_SENTENCE)
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and len(tokens) == 17
     sat, award = token_index(tokens, "sat"), token_index(tokens, "award")
     assert (sat, award) == (11, 2)

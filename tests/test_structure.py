@@ -1,4 +1,9 @@
-"""One name per concept (issue #29): what the library computes and what the bench times are the same thing."""
+"""One name per concept (issue #29): what the library computes and what the bench times are the same thing, no
+two definitions share a name, and every renamed name still works with a deprecation warning."""
+import ast
+import importlib
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,3 +21,54 @@ def test_the_bench_alibi_is_the_library_alibi(H):
     flex = torch.stack([torch.stack([torch.stack([score_mod(torch.tensor(0.0), 0, h, torch.tensor(i), torch.tensor(j))
                                                   for j in range(12)]) for i in range(12)]) for h in range(H)])
     torch.testing.assert_close(flex.double(), library.dense(12, 12).double().reshape(H, 12, 12), rtol=1e-6, atol=0)
+
+
+# -- one name per concept: no two definitions share a name, and every old name still works --------------------
+SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
+
+
+def _public_definitions() -> dict[tuple[str, str], list[str]]:
+    """{(kind, name): [files]} of every top-level public class and function under src/attnlab."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_"):
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                found.setdefault((kind, node.name), []).append(str(path.relative_to(SRC)))
+    return found
+
+
+def test_no_two_classes_share_a_name_even_one_letter_apart():
+    by_lower: dict[str, set[str]] = {}
+    defs = _public_definitions()
+    for (kind, name), files in defs.items():
+        if kind == "class":
+            assert len(files) == 1, f"class {name} is defined in {files}: give each concept its own name"
+            by_lower.setdefault(name.lower(), set()).add(name)
+    clashes = [sorted(names) for names in by_lower.values() if len(names) > 1]
+    assert not clashes, f"class names that differ only in case: {clashes}"
+
+
+@pytest.mark.parametrize("name", ["load_model", "alibi_slopes"])
+def test_these_functions_have_one_definition(name):
+    files = _public_definitions().get(("function", name), [])
+    assert len(files) == 1, f"{name} is defined in {files}"
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("attnlab.nn", "MultiHeadAttention", "AttentionLayer"),
+    ("attnlab.nn.attention", "MultiHeadAttention", "AttentionLayer"),
+    ("attnlab.nn", "Encoder", "EncoderStack"),
+    ("attnlab.nn", "Decoder", "DecoderStack"),
+    ("attnlab.nn.blocks", "Encoder", "EncoderStack"),
+    ("attnlab.web.app", "AttentionRequest", "MapsRequest"),
+    ("attnlab.lab.inspect", "load_model", "registered_model"),
+])
+def test_an_old_name_still_works_and_warns(module, old, new):
+    if module.startswith("attnlab.web"):
+        pytest.importorskip("fastapi")
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{module}.{old} is deprecated: it is now {module}.{new}"):
+        assert getattr(mod, old) is getattr(mod, new)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        mod.Nope

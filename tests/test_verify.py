@@ -212,7 +212,8 @@ def test_cli_help_states_the_exit_status(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["verify", "--help"])
     text = capsys.readouterr().out
-    assert "0 when every claim passes, 1 when any fails" in text and "--quick" in text and "--only" in text
+    assert "0 when the run is as recorded: every claim passes and every refuted claim\nfails without an error" in text
+    assert "a refuted claim now passes or\nraises" in text and "--quick" in text and "--only" in text
 
 
 # -- criteria of exp_basics ---------------------------------------------------------------------------
@@ -369,3 +370,4 @@ def test_quick_run_of_every_claim_passes(tmp_path):
     assert [c.id for c in res.claims] == ids
     assert [c.id for c in res.accounting] == ["multihead-flops", "flops-scaling"]
     assert all(c.figure is None or (tmp_path / f"{c.id}.png").exists() for c in res.claims + res.accounting)
+    assert res.refuted == [] and res.as_recorded                   # the whole verdict, what the CLI exits on

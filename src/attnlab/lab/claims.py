@@ -6,10 +6,16 @@ writer turns a list of claims into a self-contained HTML page and a JSON file.
 Each ``lab/exp_*.py`` module lists its experiments in ``CLAIMS`` and, optionally, ``ACCOUNTING``:
 counts that hold by construction (a FLOP count read off the shapes cannot come out otherwise), shown
 in the report's accounting section and never counted as verified claims (their ``kind`` is
-"accounting"). The runner selects experiments by id (``attnlab verify --only ID``) before running
-them, so an id must be knowable from the function: name it ``claim_<id with underscores>``
-(``claim_causal_gradient`` -> "causal-gradient") or ``account_<id>``, or set ``fn.claim_id = "..."``;
-the Claim it returns carries the same id. Figures are PNG bytes (``attnlab.lab.report.png_bytes(fig)``).
+"accounting"), and ``REFUTED``: claims of the theory that the lab measures and finds not borne out,
+as docs/results.md records. A refuted claim keeps its judge, is shown with its failing checks and is
+counted apart (``kind`` "refuted"); the run is *as recorded* (``as_recorded``) while every counted
+claim passes and every refuted one fails without an error, so a refuted claim that starts to pass
+(or raises) fails the run until someone re-examines it (``departures`` says what changed).
+
+The runner selects experiments by id (``attnlab verify --only ID``) before running them, so an id
+must be knowable from the function: name it ``claim_<id with underscores>`` (``claim_causal_gradient``
+-> "causal-gradient"; refuted claims too) or ``account_<id>``, or set ``fn.claim_id = "..."``; the
+Claim it returns carries the same id. Figures are PNG bytes (``attnlab.lab.report.png_bytes(fig)``).
 
 A criterion is judged by a pure ``judge_*`` function that returns labelled ``Check``s: each label
 states one requirement with its thresholds, in words. The Claim's verdict is "every check passed",
@@ -32,10 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-__all__ = ["Check", "Claim", "VerifyContext", "all_passed", "KINDS"]
+__all__ = ["Check", "Claim", "VerifyContext", "all_passed", "departures", "as_recorded", "KINDS"]
 
-# "claim": judged and counted in the verdict; "accounting": shown, not counted (holds by construction).
-KINDS = ("claim", "accounting")
+# "claim": judged and counted in the verdict (from a module's CLAIMS);
+# "accounting": shown, not counted: it holds by construction (ACCOUNTING);
+# "refuted": a claim of the theory measured and found not borne out, as docs/results.md records (REFUTED):
+#     judged like a claim and shown with its failing checks, counted apart; the run is as recorded only
+#     while it fails, so a change of verdict is noticed instead of staying hidden in a list.
+KINDS = ("claim", "accounting", "refuted")
 
 
 @dataclass
@@ -103,3 +113,35 @@ class Claim:
         if self.criterion and reqs:
             return f"{self.criterion}: {reqs}"
         return self.criterion or reqs
+
+
+def _last_line(error: str) -> str:
+    lines = error.strip().splitlines()
+    return lines[-1] if lines else "(no message)"
+
+
+def departures(claims: Sequence[Claim]) -> list[str]:
+    """What differs from the record, one line each: a refuted claim that passes or raised, an accounting
+    entry that raised (a count that cannot be made is a broken lab, not a count). Failing counted claims
+    are not listed here: their own FAIL says it.
+
+    Example::
+
+        departures([Claim("x", "t", statement="s", passed=True, kind="refuted")])
+        # ["x was recorded as refuted but now passes: re-examine it and move it to CLAIMS"]
+    """
+    out = []
+    for c in claims:
+        if c.kind == "refuted" and c.error:
+            out.append(f"{c.id} was recorded as refuted but raised: {_last_line(c.error)}")
+        elif c.kind == "refuted" and c.passed:
+            out.append(f"{c.id} was recorded as refuted but now passes: re-examine it and move it to CLAIMS")
+        elif c.kind == "accounting" and c.error:
+            out.append(f"{c.id} (accounting) raised: {_last_line(c.error)}")
+    return out
+
+
+def as_recorded(claims: Sequence[Claim]) -> bool:
+    """The whole verdict of a run: something ran, every counted claim passed (none may be selected, as with
+    ``--only`` on a refuted id) and nothing departs from the record (``departures``)."""
+    return bool(claims) and all(c.passed for c in claims if c.kind == "claim") and not departures(claims)

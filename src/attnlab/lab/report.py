@@ -4,8 +4,9 @@ The HTML needs nothing but a browser: inline CSS, figures inlined as ``data:imag
 URIs, no script, no CDN, no network. Every piece of text that came from an experiment is escaped.
 The JSON holds everything the page shows except the PNG bytes; each figure is also written as
 ``<claim id>.png`` next to it and named in the claim's ``figure_file``. Claims of kind "accounting"
-(counts that hold by construction) get their own section and JSON list and are never counted in the
-pass/fail summary.
+(counts that hold by construction) and "refuted" (claims of the theory found not borne out, as
+docs/results.md records) get their own sections and JSON lists and are never counted in the pass/fail
+summary; the headline and the JSON's ``verdict`` say whether the run is as recorded (``claims.as_recorded``).
 
 Example::
 
@@ -27,10 +28,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from .claims import Claim
+from .claims import Claim, as_recorded, departures
 
-__all__ = ["write_report", "render_html", "report_dict", "summary_text", "png_bytes", "new_figure", "jsonable",
-           "PNG_SIGNATURE"]
+__all__ = ["write_report", "render_html", "report_dict", "summary_text", "headline", "png_bytes", "new_figure",
+           "jsonable", "PNG_SIGNATURE"]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HTML_NAME, JSON_NAME = "report.html", "report.json"
@@ -54,6 +55,8 @@ figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1p
 .notes { color: #444; } ul.checks { list-style: none; padding-left: .5em; } ul.checks li { margin: .25em 0; }
 .measured { color: #555; } .meta td:first-child { width: 14em; color: #555; }
 .badge.acct { background: #6e7781; } tr.acct td:first-child { border-left: 4px solid #6e7781; }
+.badge.refuted { background: #8250df; } tr.refuted td:first-child { border-left: 4px solid #8250df; }
+.departures { color: #cf222e; font-weight: 600; }
 """
 
 
@@ -128,14 +131,35 @@ def _is_png(data: Optional[bytes]) -> bool:
 
 
 def _verified(claims: Sequence[Claim]) -> list[Claim]:
-    return [c for c in claims if c.kind != "accounting"]
+    return [c for c in claims if c.kind == "claim"]
+
+
+def headline(claims: Sequence[Claim]) -> str:
+    """The run in one line, as the report's title and the CLIs' last line say it.
+
+    Example::
+
+        headline(claims)        # "10 of 10 claims pass; 1 refuted as recorded; 2 accounting"
+    """
+    verified = _verified(claims)
+    refuted = [c for c in claims if c.kind == "refuted"]
+    n_acct = sum(c.kind == "accounting" for c in claims)
+    parts = [f"{sum(bool(c.passed) for c in verified)} of {len(verified)} claims pass"]
+    if refuted:
+        held = sum(not c.passed and not c.error for c in refuted)
+        parts.append(f"{held} refuted as recorded" if held == len(refuted) else
+                     f"{held} of {len(refuted)} refuted as recorded")
+    if n_acct:
+        parts.append(f"{n_acct} accounting")
+    return "; ".join(parts)
 
 
 def report_dict(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> dict:
-    """What report.json holds: meta, the pass/fail counts of the verified claims, each claim without its PNG
-    bytes, and the accounting entries (shown, not counted) in a list of their own."""
+    """What report.json holds: meta, the pass/fail counts of the verified claims (``summary``), the whole
+    verdict (``verdict``: as recorded or not, what departs from the record), each claim without its PNG
+    bytes, and the accounting and refuted entries (shown, not counted) in lists of their own."""
     stems = stems or _stems(claims)
-    rows: dict[str, list] = {"claim": [], "accounting": []}
+    rows: dict[str, list] = {"claim": [], "accounting": [], "refuted": []}
     for c, stem in zip(claims, stems):
         d = asdict(c)
         d.pop("figure")
@@ -148,7 +172,9 @@ def report_dict(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
     return {"meta": jsonable(meta or {}),
             "summary": {"total": len(verified), "passed": passed, "failed": len(verified) - passed,
                         "all_passed": passed == len(verified)},
-            "claims": rows["claim"], "accounting": rows["accounting"]}
+            "verdict": {"as_recorded": as_recorded(claims), "headline": headline(claims),
+                        "departures": departures(claims)},
+            "claims": rows["claim"], "accounting": rows["accounting"], "refuted": rows["refuted"]}
 
 
 def _stems(claims: Sequence[Claim]) -> list[str]:
@@ -168,15 +194,31 @@ def _paragraphs(text: str) -> str:
     return "".join(f"<p>{_e(p)}</p>" for p in text.split("\n\n") if p.strip())
 
 
-def _acct_badge(c: Claim) -> str:
-    """An accounting entry is not a verdict: grey, and only an error is flagged."""
-    return _badge(False) if c.error else '<span class="badge acct">ACCOUNTING</span>'
+def _kind_badge(c: Claim) -> str:
+    """An accounting entry is not a verdict: grey, and only an error is flagged. A refuted claim that fails
+    cleanly is as recorded (REFUTED); one that passes or raised departs from the record (red)."""
+    if c.kind == "accounting":
+        return _badge(False) if c.error else '<span class="badge acct">ACCOUNTING</span>'
+    if c.kind == "refuted":
+        if c.error:
+            return _badge(False)
+        if c.passed:
+            return '<span class="badge fail">NOW PASSES</span>'
+        return '<span class="badge refuted">REFUTED</span>'
+    return _badge(c.passed)
+
+
+def _css_class(c: Claim) -> str:
+    if c.kind == "accounting":
+        return "acct"
+    if c.kind == "refuted" and not c.passed and not c.error:
+        return "refuted"
+    return "pass" if c.passed and c.kind == "claim" else "fail"
 
 
 def _section(c: Claim, stem: str) -> str:
-    acct = c.kind == "accounting"
-    parts = [f'<section id="claim-{_e(stem)}" class="{"acct" if acct else "pass" if c.passed else "fail"}">',
-             f"<h2>{_e(c.title)} {_acct_badge(c) if acct else _badge(c.passed)}</h2>",
+    parts = [f'<section id="claim-{_e(stem)}" class="{_css_class(c)}">',
+             f"<h2>{_e(c.title)} {_kind_badge(c)}</h2>",
              f"<p><code>{_e(c.id)}</code> &middot; {c.seconds:.1f} s</p>",
              f"<p><b>Claim.</b> {_e(c.statement)}</p>",
              f"<p><b>Criterion.</b> {_e(c.criterion or '(the checks below)')}</p>"]
@@ -214,11 +256,22 @@ def _meta_table(meta: dict) -> str:
 
 
 def _row(c: Claim, stem: str) -> str:
-    acct = c.kind == "accounting"
-    cls = "acct" if acct else "pass" if c.passed else "fail"
-    return (f'<tr class="{cls}"><td><a href="#claim-{_e(stem)}">{_e(c.title)}</a><br><code>{_e(c.id)}'
+    return (f'<tr class="{_css_class(c)}"><td><a href="#claim-{_e(stem)}">{_e(c.title)}</a><br><code>{_e(c.id)}'
             f"</code></td><td>{_e(c.criterion_text)}</td><td>{_e(summary_text(c))}</td>"
-            f'<td>{_acct_badge(c) if acct else _badge(c.passed)}</td><td class="num">{c.seconds:.1f}</td></tr>')
+            f'<td>{_kind_badge(c)}</td><td class="num">{c.seconds:.1f}</td></tr>')
+
+
+def _refuted(entries: Sequence[tuple[Claim, str]]) -> list[str]:
+    if not entries:
+        return []
+    return ["<h2>Refuted here (claims of the theory not borne out by this measurement)</h2>",
+            "<p>Claims the theory makes that this lab measures and finds not borne out, as docs/results.md "
+            "records. Each keeps its judge, and its section lists the checks it fails. They are not part of the "
+            "count above; the run is as recorded only while each of them fails without an error, so one that "
+            "starts to pass (or raises) fails the run until it is re-examined.</p>",
+            "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
+            "</tr></thead><tbody>", *[_row(c, s) for c, s in entries], "</tbody></table>",
+            *[_section(c, s) for c, s in entries]]
 
 
 def _accounting(entries: Sequence[tuple[Claim, str]]) -> list[str]:
@@ -234,30 +287,36 @@ def _accounting(entries: Sequence[tuple[Claim, str]]) -> list[str]:
 
 
 def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> str:
-    """The whole report page as a string (summary table, a section per claim, the accounting, machine metadata)."""
+    """The whole report page as a string (summary table, a section per claim, the refuted claims, the
+    accounting, machine metadata)."""
     meta = meta or {}
     stems = stems or _stems(claims)
-    verified = [(c, s) for c, s in zip(claims, stems) if c.kind != "accounting"]
+    verified = [(c, s) for c, s in zip(claims, stems) if c.kind == "claim"]
+    refuted = [(c, s) for c, s in zip(claims, stems) if c.kind == "refuted"]
     accounting = [(c, s) for c, s in zip(claims, stems) if c.kind == "accounting"]
     passed = sum(bool(c.passed) for c, _ in verified)
-    title = f"attnlab verify: {passed} of {len(verified)} claims pass"
+    title = f"attnlab verify: {headline(claims)}"
     rows = [_row(c, s) for c, s in verified]
     verdict = ("every claim passed" if passed == len(verified) else
                f"{len(verified) - passed} claim{'s' if len(verified) - passed != 1 else ''} failed")
+    changed = departures(claims)
+    if changed:
+        verdict += "; not as recorded"
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
-        f'<p class="verdict">{_badge(passed == len(verified))} {_e(verdict)}'
+        f'<p class="verdict">{_badge(passed == len(verified) and not changed)} {_e(verdict)}'
         + (f" &middot; {_e(_fmt(meta['total_seconds']))} s in all" if "total_seconds" in meta else "")
         + (" &middot; quick mode (small sizes)" if meta.get("quick") else "") + "</p>",
+        *[f'<p class="departures">{_e(d)}</p>' for d in changed],
         "<p>Each claim of the theory of self-attention, checked on this machine: what was measured, the pass "
         "criterion stated before measuring (the set-up, then each labelled check the judge applied), and the "
         "result.</p>",
         "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
         "</tr></thead><tbody>", *rows, "</tbody></table>",
-        *[_section(c, s) for c, s in verified], *_accounting(accounting),
+        *[_section(c, s) for c, s in verified], *_refuted(refuted), *_accounting(accounting),
         "<h2>Machine and versions</h2>", _meta_table(meta),
         "</body></html>", ""])
 

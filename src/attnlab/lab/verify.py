@@ -1,8 +1,11 @@
 """The ``attnlab verify`` runner: collect every experiment, run each with timing, write the report.
 
 Experiments live in the ``lab/exp_*.py`` modules named in ``MODULES``; each lists its functions
-``(ctx: VerifyContext) -> Claim`` in ``CLAIMS`` (verified claims) and ``ACCOUNTING`` (counts that hold
-by construction: shown in the report, never counted). A claim's id is known before it runs (see
+``(ctx: VerifyContext) -> Claim`` in ``CLAIMS`` (verified claims), ``ACCOUNTING`` (counts that hold
+by construction: shown in the report, never counted) and ``REFUTED`` (claims of the theory measured and
+found not borne out, as docs/results.md records: judged, shown, counted apart; see ``lab/claims.py``).
+The whole verdict is ``VerifyResult.as_recorded``: every counted claim passed and every refuted one
+failed without an error. A claim's id is known before it runs (see
 ``claim_id``), so ``only=[...]`` selects by id (or by module name) without running anything else.
 An experiment that raises becomes a failed Claim carrying the traceback in ``error``: one broken
 experiment never loses the rest of the report.
@@ -10,7 +13,8 @@ experiment never loses the rest of the report.
 Example::
 
     result = run_verify(quick=True, only=["sqrt-dk-scaling"], out="runs/verify")
-    result.all_passed, result.paths["html"]     # judged on result.claims; result.accounting is shown only
+    result.all_passed, result.paths["html"]     # every counted claim (result.claims) passed
+    result.as_recorded, result.departures       # ... and result.refuted still fail; what changed if not
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .claims import Claim, VerifyContext
+from .claims import Claim, VerifyContext, as_recorded, departures
 
 __all__ = ["MODULES", "ClaimEntry", "claim_id", "collect", "select", "run_one", "run_claims", "run_verify",
            "VerifyResult", "UnknownClaimError"]
@@ -45,7 +49,7 @@ class ClaimEntry:
     id: str             # the claim's id, known before running
     module: str         # "exp_basics"
     fn: ClaimFn
-    kind: str = "claim"  # "claim" (from CLAIMS) or "accounting" (from ACCOUNTING: shown, not counted)
+    kind: str = "claim"  # "claim" (CLAIMS), "accounting" (ACCOUNTING) or "refuted" (REFUTED): lab/claims.py KINDS
 
 
 def claim_id(fn: Callable) -> str:
@@ -91,7 +95,8 @@ def collect(modules: Sequence[str] = tuple(MODULES)) -> list[ClaimEntry]:
             log.error("verify: importing %s failed: %s", name, e)
             entries.append(_import_failed(name, e))
             continue
-        for attr, kind, default in (("CLAIMS", "claim", None), ("ACCOUNTING", "accounting", [])):
+        for attr, kind, default in (("CLAIMS", "claim", None), ("ACCOUNTING", "accounting", []),
+                                    ("REFUTED", "refuted", [])):
             fns = getattr(mod, attr, default)
             if not isinstance(fns, (list, tuple)) or not all(callable(f) for f in fns):
                 entries.append(_import_failed(name, TypeError(
@@ -150,7 +155,7 @@ def run_one(entry: ClaimEntry, ctx: VerifyContext) -> Claim:
         torch.set_grad_enabled(grad)
     claim.seconds = time.perf_counter() - t0
     claim.passed = bool(claim.passed) and claim.error is None
-    claim.kind = entry.kind              # the module's list decides: CLAIMS are counted, ACCOUNTING is not
+    claim.kind = entry.kind              # the module's list decides: CLAIMS counted, ACCOUNTING/REFUTED apart
     if claim.id != entry.id:
         log.warning("verify: %s returned id %r but is selected as %r (name it claim_%s or set fn.claim_id)",
                     entry.module, claim.id, entry.id, claim.id.replace("-", "_"))
@@ -175,10 +180,23 @@ class VerifyResult:
     paths: dict = field(default_factory=dict)    # {"html", "json", "figures"} from report.write_report
     seconds: float = 0.0
     accounting: list[Claim] = field(default_factory=list)   # shown in the report, not counted
+    refuted: list[Claim] = field(default_factory=list)      # recorded as not borne out: expected to fail
 
     @property
     def all_passed(self) -> bool:
+        """Every counted claim passed (and there was at least one); refuted and accounting entries aside."""
         return bool(self.claims) and all(c.passed for c in self.claims)
+
+    @property
+    def departures(self) -> list[str]:
+        """What differs from the record, one line each (a refuted claim that passes or raised, ...)."""
+        return departures(self.claims + self.refuted + self.accounting)
+
+    @property
+    def as_recorded(self) -> bool:
+        """The whole verdict, the CLIs' exit status: every counted claim passed, every refuted claim failed
+        without an error, no accounting entry raised, and something ran."""
+        return as_recorded(self.claims + self.refuted + self.accounting)
 
 
 def _meta(quick: bool, only, seed: int, argv) -> dict:
@@ -209,5 +227,5 @@ def run_verify(*, quick: bool = False, only: Optional[Sequence[str]] = None, out
     meta["total_seconds"] = round(time.perf_counter() - t0, 1)
     from .report import write_report
     paths = write_report(claims, out, meta)
-    return VerifyResult([c for c in claims if c.kind == "claim"], paths, time.perf_counter() - t0,
-                        [c for c in claims if c.kind == "accounting"])
+    kind = {k: [c for c in claims if c.kind == k] for k in ("claim", "accounting", "refuted")}
+    return VerifyResult(kind["claim"], paths, time.perf_counter() - t0, kind["accounting"], kind["refuted"])

@@ -48,7 +48,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..lab.inspect import (InputTooLongError, ModelLoadError, UnknownModelError, attention_entropy, attention_maps,
-                           backend_choices, list_models, load_model)
+                           backend_choices, list_models, registered_model)
 from ..deprecation import renamed
 from .guard import PostGuard
 from .lesson import lesson_router
@@ -102,12 +102,12 @@ def _kernel(loaded, backend: str, L: int, positional: bool) -> str:
 
 
 def _payload(maps, req: MapsRequest) -> dict:
-    """The JSON answer (run in a worker thread: load_model waits for the model lock)."""
+    """The JSON answer (run in a worker thread: registered_model waits for the model lock)."""
     w = maps.weights[0]                                                       # (heads, L, L)
     L = len(maps.tokens)
     ent = attention_entropy(w).mean(-1)                                       # (heads,) mean over query rows
     exact = {b["name"]: b["exact"] for b in backend_choices()}[maps.backend]
-    loaded = load_model(maps.model)                                           # cached: the sizes for the page
+    loaded = registered_model(maps.model)                                           # cached: the sizes for the page
     return dict(model=maps.model, n_layers=loaded.n_layers, n_heads=loaded.n_heads, backend=maps.backend,
                 kernel=_kernel(loaded, maps.backend, L, req.positional), exact=exact, tokens=maps.tokens,
                 layer=maps.layers[0],
