@@ -1,5 +1,6 @@
 """The small-request shortcut in ``attention``: it must call SDPA exactly where ``auto`` would pick
 it, with the same arguments, and leave every other request (and every bad input) to the full path."""
+import gc
 import math
 
 import pytest
@@ -120,3 +121,20 @@ def test_bad_arguments_still_get_the_full_checks(kw, error):
     q, k, v = qkv()
     with pytest.raises(error):
         al.attention(q, k, v, **kw)
+
+
+def test_autos_tile_count_is_remembered_per_mask_object(monkeypatch):
+    q, k, v = qkv(B=1, H=2, L=1024, S=1024, D=16)
+    window = al.masks.window(64, 0)
+    calls = []
+    real = type(window).tile_kinds
+    monkeypatch.setattr(type(window), "tile_kinds", lambda self, *a: calls.append(a) or real(self, *a))
+    first = api.skippable(make_request(q, k, v, mask=window))
+    assert api.skippable(make_request(q, k, v, mask=window)) == first and len(calls) == 1
+    api.skippable(make_request(q[:, :, :512], k, v, mask=window))          # another L: counted again
+    other = al.masks.window(64, 0)                                          # another object: counted again
+    assert api.skippable(make_request(q, k, v, mask=other)) == first and len(calls) == 3
+    gone = id(window)
+    del window
+    gc.collect()
+    assert id(other) in api._SKIPPABLE and gone not in api._SKIPPABLE       # the dead mask's entry went with it

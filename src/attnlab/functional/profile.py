@@ -144,17 +144,21 @@ class Profile:
         return None
 
 
-_loaded: dict[str, Optional[Profile]] = {}
+_loaded: dict[object, Optional[Profile]] = {}
 
 
 def current_profile() -> Optional[Profile]:
-    """This machine's profile, read once per key (None if absent, off, or unreadable: a warning says why)."""
-    if os.environ.get("ATTNLAB_PROFILE", "").lower() in ("off", "0", "no"):
+    """This machine's profile, read once per process and key (None if absent, off, or unreadable: a warning
+    says why). Asked on every auto decision: what can change in a process (the thread count, the cache
+    directory's variables) is the look-up key, so the file is hashed and read only the first time."""
+    env = os.environ
+    if env.get("ATTNLAB_PROFILE", "").lower() in ("off", "0", "no"):
         return None
-    path = profile_path()
-    cached = _loaded.get(str(path), False)
+    where = (torch.get_num_threads(), env.get("ATTNLAB_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    cached = _loaded.get(where, False)
     if cached is not False:
         return cached
+    path = profile_path()
     prof = None
     if path.is_file():
         try:
@@ -164,7 +168,7 @@ def current_profile() -> Optional[Profile]:
             prof = Profile.from_json(data, path)
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("attnlab: ignoring the speed profile %s (%s); `attnlab tune` writes a new one", path, e)
-    _loaded[str(path)] = prof
+    _loaded[where] = prof
     return prof
 
 
@@ -180,14 +184,14 @@ def save_profile(plain: list[dict], masked: list[dict], extra: Optional[dict] = 
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
-    _loaded.pop(str(path), None)
+    _loaded.clear()                                       # this process reads the new file from now on
     return path
 
 
 def forget_profile() -> Optional[Path]:
     """Remove this machine's profile (``attnlab tune --forget``); its path if there was one."""
     path = profile_path()
-    _loaded.pop(str(path), None)
+    _loaded.clear()
     if path.is_file():
         path.unlink()
         return path
