@@ -1,6 +1,7 @@
 """The lab: experiments that check each claim of the theory, attention made visible, the report.
 
-    verify      the ``attnlab verify`` runner: collects ``CLAIMS`` (and ``ACCOUNTING``) from the exp_*.py modules
+    verify      the ``attnlab verify`` runner: collects ``CLAIMS``, ``ACCOUNTING`` and ``REFUTED`` from the
+                exp_*.py modules
     claims      ``Claim`` / ``VerifyContext``: what an experiment returns and receives
     report      the self-contained HTML report, its JSON twin, ``png_bytes`` for figures
     exp_*       the experiments, one theme per module
