@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml setup.py Makefile package-lock.json $(wildcard src/attn
 
 setup: $(STAMP)
 
-# The main job (about 4 minutes): train a small GPT, sample with the KV cache, verify --quick, draw attention maps.
+# The main job (118 s on the 2-core AMD Zen 4, docs/benchmarks.md "Issue #7"): train a small GPT, sample with the KV cache, verify --quick, draw attention maps.
 demo: $(STAMP)
 	$(BIN)/attnlab demo
 

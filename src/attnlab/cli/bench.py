@@ -1,6 +1,6 @@
 """``attnlab bench``: the kernel table by default, or one of the other benchmarks instead.
 
-    attnlab bench --quick                         # about a minute: the table, and bench-results/kernels.json
+    attnlab bench --quick                         # a sample of the table, and bench-results/kernels.json
     attnlab bench --n 8192 --mask window documents --mode fwd --dtype float32
     attnlab bench --memory-scaling                # tiled vs reference peak memory up to n = 32768
     attnlab bench --complexity [--quick]          # time and memory vs n up to 256k, fitted n^alpha, PNG plots
@@ -317,7 +317,8 @@ def add_bench(sub) -> None:
                     "% of this machine's measured GEMM peak, speed-up vs torch SDPA and flex, peak memory.",
         epilog="mask kinds:\n" + "\n".join(f"  {k:<10} {v}" for k, v in MASK_KINDS.items()))
     b.add_argument("--quick", action="store_true",
-                   help="~30 s on an idle machine: n 1024 4096, float32 fwd, masks none causal window documents, "
+                   help="a sample (26 s on the idle 2-core AMD Zen 4 before native joined, docs/benchmarks.md): "
+                        "n 1024 4096, float32 fwd, masks none causal window documents, "
                         "flex for one case")
     b.add_argument("--n", nargs="+", type=int, metavar="N",
                    help="sequence lengths (default 1024 4096 8192, fwd+bwd only up to 4096)")

@@ -242,7 +242,8 @@ def _add_trainer_options(t: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
     g.add_argument("--lr", type=float, help="peak learning rate")
     g.add_argument("--warmup", type=int, help="warmup steps")
-    g.add_argument("--bf16", choices=["auto", "on", "off"], help="bfloat16 autocast (auto: off on CPU, measured)")
+    g.add_argument("--bf16", choices=["auto", "on", "off"], help="bfloat16 autocast (auto: off on CPU, "
+                   "measured on an AMD Zen 4 only)")
     g.add_argument("--eval-interval", type=int, help="steps between validation losses (default: the preset's)")
     g.add_argument("--eval-iters", type=int,
                    help="validation batches averaged per evaluation (default: the preset's, else 20)")

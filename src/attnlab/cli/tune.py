@@ -1,7 +1,8 @@
 """``attnlab tune``: measure this machine for ``auto`` (the compiled kernel against SDPA) and save a profile.
 
-    attnlab tune                   # ~2-4 min on 2 idle cores: fp32 and bf16, fwd and fwd+bwd, n 1024 4096
-    attnlab tune --quick           # ~30 s: n 1024 and fewer padding points, 3 runs each
+    attnlab tune                   # 60 s on the idle 2-core Xeon with AMX (docs/benchmarks.md): fp32 and bf16,
+                                   # fwd and fwd+bwd, n 1024 4096, a padding sweep at n 2048
+    attnlab tune --quick           # n 1024 and fewer padding points, 3 runs each
     attnlab tune --show            # the profile auto reads now, and where it lives
     attnlab tune --forget          # remove it: auto goes back to the built-in rules of this CPU class
 
@@ -35,7 +36,7 @@ def _positive_ints(text: str) -> int:
 def add_tune(sub) -> None:
     p = sub.add_parser("tune", help="measure this machine for auto's choices and save a profile",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="n 1024 only, three padding points, 3 runs each (~30 s)")
+    p.add_argument("--quick", action="store_true", help="n 1024 only, three padding points, 3 runs each")
     p.add_argument("--n", type=_positive_ints, nargs="+", help="sequence lengths of the plain sweep "
                    "(default 1024 4096)")
     p.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], help="default: both")

@@ -124,7 +124,8 @@ def add_verify(sub) -> None:
                "fails without an error; 1 when a claim fails or raises, or a refuted claim now passes or\n"
                "raises (re-examine it); 2 on bad usage (e.g. an unknown claim id).\n"
                "`attnlab verify --list` shows the ids and their kinds (claim, refuted, accounting).")
-    p.add_argument("--quick", action="store_true", help="small sizes: every claim in under 3 minutes on 2 CPU cores")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and fewer repeats (~31 s on the idle 2-core AMD Zen 4, docs/benchmarks.md)")
     p.add_argument("--only", nargs="+", metavar="ID",
                    help="run only these entries (ids from --list, of any kind, or module names such as exp_basics)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",

@@ -50,7 +50,7 @@ KINDS = ("claim", "accounting", "refuted")
 
 @dataclass
 class VerifyContext:
-    quick: bool                    # --quick: smaller sizes, fewer repeats (whole run < 3 minutes)
+    quick: bool                    # --quick: smaller sizes, fewer repeats
     workdir: Path                  # scratch space for checkpoints or intermediate files
     seed: int = 0
 

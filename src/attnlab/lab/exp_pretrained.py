@@ -232,7 +232,7 @@ def _control_weights(model, ids: list[int]) -> Tensor:
 def claim_heads_attend_differently(ctx: VerifyContext) -> Claim:
     """A trained model's heads attend differently: per-head entropy and mean attention distance."""
     from .inspect import attention_maps, registered_model
-    sentences = HEAD_SENTENCES                   # ~0.1 s each: the same set in --quick
+    sentences = HEAD_SENTENCES                   # a small fixed set: the same in --quick
     tokenize = registered_model("minilm").tokenize
     trained_w, control_w = [], []
     with threads(1):                             # short sentences: a second thread only waits on a busy machine

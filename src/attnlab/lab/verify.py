@@ -211,7 +211,7 @@ def run_verify(*, quick: bool = False, only: Optional[Sequence[str]] = None, out
     """Collect, select, run and report.
 
     Args:
-        quick: small sizes (the whole run in under 3 minutes on 2 CPU cores).
+        quick: small sizes and fewer repeats (verify --quick).
         only: claim ids or module names to run (None: all).
         out: directory of report.html, report.json and the PNGs; scratch files go to ``out/work``.
         entries: run these instead of collecting ``modules`` (tests).

@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 # bf16="auto" resolves to this on CPU. Measured on the micro preset (fwd + bwd + AdamW step, torch 2.13,
 # 2-core Zen 4 shared with other jobs, best of 3-4): batch 16 x 256: fp32 4085 tok/s, bf16 autocast 4111
-# tok/s; batch 32 x 256 under heavier load: 1549 vs 1692 tok/s. No reliable gain, so "auto" stays fp32.
+# tok/s; batch 32 x 256 under heavier load: 1549 vs 1692 tok/s (command not recorded). No reliable gain, so
+# "auto" stays fp32. Not measured on a CPU with AMX, where bf16 matmuls run on AMX tiles: re-measure there.
 BF16_AUTO = False
 
 

@@ -8,7 +8,7 @@ import { render } from "./viz.js";
 import { setupQuiz } from "./quiz.js";
 import { setupReadalong } from "./readalong.js";
 
-// Pyodide starts in ~5 s; a wrong MIME type makes it hang, never fail. ?load_timeout=S shortens it (the tests).
+// Pyodide starts in seconds; a wrong MIME type makes it hang, never fail. ?load_timeout=S shortens it (the tests).
 const LOAD_TIMEOUT_S = Number(new URLSearchParams(location.search).get("load_timeout")) || 90;
 const status = document.getElementById("py-status");
 const problem = document.getElementById("py-problem");
