@@ -104,3 +104,29 @@ def test_capture_records_every_layers_attention():
         dec(tgt, mem, capture=caught)
         assert [c.weights.shape for c in caught] == [(1, 4, 5, 5), (1, 4, 5, 7)] * 3
         assert torch.all(caught[0].weights.triu(1) == 0)             # decoder self-attention is causal
+
+
+def test_a_key_mask_becomes_a_padding_mask_read_once_per_stack(monkeypatch):
+    from attnlab.functional import api, masks
+    from attnlab.functional.masks import DenseMask, PaddingMask
+    right = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    assert isinstance(masks.from_key_mask(right), PaddingMask)
+    assert masks.from_key_mask(right.flip(-1)).side == "left"
+    assert masks.from_key_mask(torch.ones(2, 4, dtype=torch.bool)) is None
+    holes = torch.tensor([[True, False, True, True]])
+    assert isinstance(masks.from_key_mask(holes), DenseMask)
+    for km in (right, right.flip(-1), holes):                      # the same keys, whichever form
+        assert torch.equal(masks.from_key_mask(km).dense(3, 4).expand(km.shape[0], 1, 3, 4),
+                           km[:, None, None, :].expand(-1, 1, 3, -1))
+    reads, seen = [], []
+    real_read, real_attention = masks.from_key_mask, api.attention
+    monkeypatch.setattr(masks, "from_key_mask", lambda km: reads.append(1) or real_read(km))
+    import attnlab.nn.attention as attn_mod
+    monkeypatch.setattr(attn_mod, "attention", lambda *a, **kw: seen.append(kw["mask"]) or real_attention(*a, **kw))
+    enc = EncoderStack(BlockConfig(d_model=16, n_heads=2), 3).eval()
+    x = torch.randn(2, 4, 16)
+    with torch.no_grad():
+        out = enc(x, key_mask=right)
+        dense_out = enc(x, key_mask=masks.dense(right[:, None, None, :]))
+    assert len(reads) == 1 and all(isinstance(m, PaddingMask) for m in seen[:3])
+    torch.testing.assert_close(out, dense_out)

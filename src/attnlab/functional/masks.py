@@ -43,7 +43,7 @@ from .tiles import (EMPTY, FULL, PARTIAL, classify, intersect_spans, interval_ki
                     tile_reduce)
 from .varlen import aligned, padded, varlen
 
-__all__ = ["Mask", "causal", "padding", "window", "documents", "dense", "EMPTY", "PARTIAL", "FULL",
+__all__ = ["Mask", "causal", "padding", "from_key_mask", "window", "documents", "dense", "EMPTY", "PARTIAL", "FULL",
            # the sparse patterns (patterns.py) and per-sequence masks (varlen.py), re-exported
            "strided", "fixed", "dilated_window", "global_window", "bigbird", "block_sparse",
            "varlen", "padded", "aligned",
@@ -298,6 +298,32 @@ def window(left: Optional[int], right: Optional[int] = 0) -> Mask:
     ``window(256, 0)`` is a causal sliding window; ``window(128, 128)`` a symmetric local one.
     """
     return WindowMask(left, right)
+
+
+def from_key_mask(key_mask: Tensor) -> Optional[Mask]:
+    """The structured mask a (B, S) bool key mask (True = a real key) describes: None when every key is
+    real, ``padding(lengths)`` when each example's real keys come first, ``padding(lengths, "left")``
+    when they come last, else ``dense`` (B, 1, 1, S). Kernels skip a padding mask's empty tiles and read
+    it as intervals; a dense one they must read entry by entry. It looks at the values (on a GPU, one
+    host sync): a model calls it once per forward, not once per layer (issue #29).
+
+    >>> from_key_mask(torch.tensor([[True, True, False], [True, True, True]]))
+    padding([2, 3])
+    """
+    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or key_mask.dim() != 2:
+        raise ValueError(f"a key mask is a (B, S) bool tensor, True = real key; got "
+                         f"{getattr(key_mask, 'dtype', type(key_mask).__name__)} "
+                         f"{tuple(getattr(key_mask, 'shape', ()))}")
+    S = key_mask.shape[1]
+    lengths = key_mask.sum(-1)                                             # (B,)
+    if bool((lengths == S).all()):
+        return None
+    j = torch.arange(S, device=key_mask.device)                            # (S,)
+    if torch.equal(key_mask, j < lengths[:, None]):
+        return padding(lengths)
+    if torch.equal(key_mask, j >= (S - lengths)[:, None]):
+        return padding(lengths, side="left")
+    return dense(key_mask[:, None, None, :])
 
 
 def padding(lengths, side: str = "right") -> Mask:

@@ -33,7 +33,7 @@ from ..functional.registry import get_backend
 from ..positional import POSITIONAL, make_positional
 from .kv_cache import KVCache
 
-__all__ = ["AttentionConfig", "AttentionLayer", "Intermediates"]
+__all__ = ["AttentionConfig", "AttentionLayer", "Intermediates", "key_padding"]
 
 
 @dataclass
@@ -125,7 +125,9 @@ class AttentionLayer(nn.Module):
         Args:
             x: (B, L, C) queries' sequence.
             context: (B, S, d_context) for cross-attention; with a filled cache it may be None.
-            key_mask: (B, S) bool, True = a real key (False = padding), over all S keys (cached ones too).
+            key_mask: (B, S) bool, True = a real key (False = padding), over all S keys (cached ones too), or
+                an attnlab mask such as ``masks.padding(lengths)`` (read as is: no look at values, and the
+                kernels skip the padded keys); the stacks convert a tensor once and pass the mask.
             mask: anything ``attention(mask=...)`` takes (bool (B|1, H|1, L, S), True = may attend, or a
                 structured mask); combined with cfg.causal and key_mask.
             cache: a ``KVCache`` from ``new_cache``: new keys are appended (self) or the context's keys
@@ -232,18 +234,13 @@ class AttentionLayer(nn.Module):
             return self.positional.bias(q, L, S, scale=self.scale)
         return None
 
-    def _mask(self, mask, key_mask: Optional[Tensor], B: int, S: int):
-        if key_mask is not None:
-            if key_mask.dtype != torch.bool or key_mask.shape != (B, S):
-                raise ValueError(f"key_mask must be bool (B={B}, S={S}) with True = real key, got "
-                                 f"{key_mask.dtype} {tuple(key_mask.shape)}")
-            if bool(key_mask.all()):
-                return mask      # no padding: keeps the request plain, so "auto" can take SDPA's mask-free path
-            km = masks.dense(key_mask[:, None, None, :])                     # (B, 1, 1, S)
-            if mask is None:
-                return km
-            return km & (masks.dense(mask) if isinstance(mask, Tensor) else mask)
-        return mask
+    def _mask(self, mask, key_mask, B: int, S: int):
+        km = key_padding(key_mask, B, S)
+        if km is None:
+            return mask          # no padding: keeps the request plain, so "auto" can take SDPA's mask-free path
+        if mask is None:
+            return km
+        return km & (masks.dense(mask) if isinstance(mask, Tensor) else mask)
 
     def _scores(self, q: Tensor, k: Tensor, bias, mask, L: int, S: int) -> Tensor:
         """The logits the softmax saw, (B, H, L, S), in the accumulation dtype (for inspection)."""
@@ -258,6 +255,23 @@ class AttentionLayer(nn.Module):
             for m in parts:
                 s = s.masked_fill(~m.dense(L, S).to(s.device), float("-inf"))
             return s
+
+
+def key_padding(key_mask, B: int, S: int) -> Optional[masks.Mask]:
+    """A layer's ``key_mask`` as a structured mask: a (B, S) bool tensor (True = real key) becomes
+    ``masks.from_key_mask``'s padding (or dense) mask, None when nothing is padded; a mask (e.g.
+    ``masks.padding(lengths)``, what the stacks pass each layer) is used as it is, with no look at values.
+
+    >>> key_padding(torch.tensor([[True, False]]), 1, 2)
+    padding([1])
+    """
+    if key_mask is None or isinstance(key_mask, masks.Mask):
+        return key_mask
+    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or tuple(key_mask.shape) != (B, S):
+        raise ValueError(f"key_mask must be bool (B={B}, S={S}) with True = real key, or an attnlab mask "
+                         f"(masks.padding(lengths)); got {getattr(key_mask, 'dtype', type(key_mask).__name__)} "
+                         f"{tuple(getattr(key_mask, 'shape', ()))}")
+    return masks.from_key_mask(key_mask)
 
 
 # AttentionLayer was MultiHeadAttention until issue #29: one letter from torch's MultiheadAttention (nn.torch_mha).

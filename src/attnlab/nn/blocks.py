@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..deprecation import renamed
-from .attention import AttentionConfig, AttentionLayer
+from .attention import AttentionConfig, AttentionLayer, key_padding
 from .kv_cache import KVCache
 
 __all__ = ["BlockConfig", "MLP", "TransformerBlock", "EncoderStack", "DecoderStack", "make_norm"]
@@ -165,6 +165,7 @@ class EncoderStack(_Stack):
         super().__init__(replace(cfg, causal=False, cross_attention=False), n_layers)
 
     def forward(self, x: Tensor, *, key_mask: Optional[Tensor] = None, capture: Optional[list] = None) -> Tensor:
+        key_mask = key_padding(key_mask, x.shape[0], x.shape[1])      # read once, shared by every layer
         for layer in self.layers:
             x = layer(x, key_mask=key_mask, capture=capture)
         return self.final_norm(x)
@@ -184,6 +185,11 @@ class DecoderStack(_Stack):
                 memory_mask: Optional[Tensor] = None, cache: Optional[list] = None,
                 capture: Optional[list] = None) -> Tensor:
         """``capture`` receives, per layer, the self- then the cross-attention Intermediates."""
+        B = x.shape[0]
+        if isinstance(key_mask, Tensor):                               # read once, shared by every layer
+            key_mask = key_padding(key_mask, B, key_mask.shape[-1])
+        if isinstance(memory_mask, Tensor):
+            memory_mask = key_padding(memory_mask, B, memory_mask.shape[-1])
         for n, layer in enumerate(self.layers):
             x = layer(x, memory, key_mask=key_mask, memory_mask=memory_mask,
                       cache=None if cache is None else cache[n], capture=capture)
