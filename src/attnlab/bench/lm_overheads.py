@@ -3,7 +3,7 @@
 Each measurement pits the way attnlab does a thing against the cheaper alternative, round-robin,
 in microseconds per call, so a gap in the model-level numbers can be traced to a line of code:
 
-    attention dispatch    attnlab.attention(auto / sdpa) vs F.scaled_dot_product_attention, tiny shapes
+    attention dispatch    attnlab.attention(auto / sdpa) vs F.scaled_dot_product_attention, 8 and 128 tokens
     decode step           a one-token causal call (causal is dropped at L = 1) vs no mask vs raw SDPA
     head split            einops.rearrange vs view + transpose
     q/k/v projections     three Linears vs one fused Linear (nanoGPT), forward + backward
@@ -95,6 +95,13 @@ def overheads(cfg, batch: int, seq_len: int, *, calls: int = 200, repeats: int =
                      "attnlab.attention(causal=True)": lambda: attention(q, k, v, causal=True),
                      "attnlab.attention(causal=True, backend='sdpa')":
                          lambda: attention(q, k, v, causal=True, backend="sdpa")}, calls, repeats)})
+    # A short sequence, L = S = 128: above SDPA's short-row path, inside attention()'s shortcut.
+    q, k, v = (torch.randn(1, H, 128, D, generator=g) for _ in range(3))         # (1, H, 128, D)
+    rows.append({"what": f"attention call (1, {H}, 128, {D}), causal, no grad", "calls_per_step": cfg.n_layers,
+                 "us_per_call": _per_call({
+                     "F.scaled_dot_product_attention(is_causal=True)":
+                         lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                     "attnlab.attention(causal=True)": lambda: attention(q, k, v, causal=True)}, calls, repeats)})
     # Decode: one query against S cached keys; bottom-right causal allows every key.
     S = min(cfg.max_len, 256)
     q1 = torch.randn(1, H, 1, D, generator=g)                                      # (1, H, 1, D)
