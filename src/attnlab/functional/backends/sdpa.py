@@ -16,6 +16,7 @@ keep mask for a given seed (it is the same distribution).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -43,10 +44,15 @@ NAN_SAFE_S = 16
 def finite(q: Tensor, k: Tensor) -> bool:
     """True when q and k hold no NaN/inf, or cannot be looked at: meta tensors (no data), vmap's batched
     tensors and torch.compile's graphs (no data-dependent branching there: SDPA runs, as before the check
-    existed, and a NaN at a masked key may reach its row)."""
+    existed, and a NaN at a masked key may reach its row).
+
+    One sum of each and one read: a NaN or an infinity anywhere makes the total non-finite (inf - inf is
+    NaN), and so, rarely, does a sum of huge finite values that overflows -- then the caller takes the
+    reference formula, exact and only slower. Two ``isfinite().all()`` cost more than SDPA's own call
+    on a small request (issue #29; ``bench --lm``'s overheads table measures that call)."""
     if q.is_meta or torch.compiler.is_compiling() or _is_batched(q) or _is_batched(k):
         return True
-    return bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())
+    return math.isfinite((q.sum() + k.sum()).item())
 
 
 _is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", lambda t: False)
