@@ -21,11 +21,12 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 
 @contextlib.contextmanager
-def live_server(app, start_timeout: float = 20.0):
+def live_server(app, start_timeout: float = 20.0, **config):
+    """``config``: more uvicorn.Config options (e.g. ``log_config=None``, so its error log reaches caplog)."""
     import uvicorn
 
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout

@@ -6,14 +6,13 @@ run must not hide (exit 1, one ``attnlab: error:`` line saying what changed). Fa
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import types
 
 import pytest
+from verify_cli import verify_cli
 
-from attnlab.cli.verify import add_verify
 from attnlab.lab import verify
 from attnlab.lab.claims import Check, Claim
 
@@ -60,15 +59,6 @@ def account_boom(ctx):
 def _entries(claims=(), refuted=(), accounting=()):
     kinds = (("claim", claims), ("refuted", refuted), ("accounting", accounting))
     return [verify.ClaimEntry(verify.claim_id(f), "fake", f, kind) for kind, fns in kinds for f in fns]
-
-
-def _cli(argv, monkeypatch, entries):
-    monkeypatch.setattr(verify, "collect", lambda modules=None: entries)
-    p = argparse.ArgumentParser(prog="attnlab")
-    add_verify(p.add_subparsers(dest="cmd", required=True))
-    args = p.parse_args(argv)
-    args.argv = argv
-    return args.run(args)
 
 
 # -- the runner -----------------------------------------------------------------------------------------------
@@ -153,7 +143,7 @@ def test_report_says_what_changed(tmp_path):
 # -- the CLIs -------------------------------------------------------------------------------------------------
 def test_verify_exits_0_when_the_refuted_claim_fails_as_recorded(tmp_path, monkeypatch, capsys):
     entries = _entries(claims=[claim_holds], refuted=[claim_not_borne_out], accounting=[account_count])
-    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 0
+    assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 0
     out, err = capsys.readouterr()
     refuted, accounting = out.index("refuted here ("), out.index("accounting (holds by construction")
     assert out.index("PASS   holds") < refuted < out.index("FAIL   not-borne-out") < accounting
@@ -164,7 +154,7 @@ def test_verify_exits_0_when_the_refuted_claim_fails_as_recorded(tmp_path, monke
 
 def test_verify_exits_1_when_a_refuted_claim_now_passes(tmp_path, monkeypatch, capsys):
     entries = _entries(claims=[claim_holds], refuted=[claim_borne_out_after_all])
-    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
+    assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
     out, err = capsys.readouterr()
     assert err == f"attnlab: error: borne-out-after-all {CHANGED}\n"
     assert "1 of 1 claims pass; 0 of 1 refuted as recorded: NOT as recorded" in out
@@ -172,7 +162,7 @@ def test_verify_exits_1_when_a_refuted_claim_now_passes(tmp_path, monkeypatch, c
 
 def test_verify_exits_1_when_a_refuted_claim_raises(tmp_path, monkeypatch, capsys):
     entries = _entries(claims=[claim_holds], refuted=[claim_refuted_boom])
-    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
+    assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
     out, err = capsys.readouterr()
     assert "ERROR  refuted-boom" in out
     assert err == ("attnlab: error: refuted-boom was recorded as refuted but raised: "
@@ -181,7 +171,7 @@ def test_verify_exits_1_when_a_refuted_claim_raises(tmp_path, monkeypatch, capsy
 
 def test_a_failing_counted_claim_still_fails_the_run(tmp_path, monkeypatch, capsys):
     entries = _entries(claims=[claim_holds, claim_fails], refuted=[claim_not_borne_out])
-    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
+    assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
     out, err = capsys.readouterr()
     assert "FAIL   fails" in out and "1 of 2 claims pass; 1 refuted as recorded: NOT as recorded" in out
     assert err == ""                                                # nothing departs from the record
@@ -189,19 +179,19 @@ def test_a_failing_counted_claim_still_fails_the_run(tmp_path, monkeypatch, caps
 
 def test_only_runs_accounting_and_refuted_ids(tmp_path, monkeypatch, capsys):
     entries = _entries(claims=[claim_fails], refuted=[claim_not_borne_out], accounting=[account_count])
-    assert _cli(["verify", "--only", "count", "--out", str(tmp_path)], monkeypatch, entries) == 0
+    assert verify_cli(["verify", "--only", "count", "--out", str(tmp_path)], monkeypatch, entries) == 0
     out = capsys.readouterr().out
     assert "COUNT  count" in out and "fails" not in out and "0 of 0 claims pass; 1 accounting: as recorded" in out
-    assert _cli(["verify", "--only", "not-borne-out", "--out", str(tmp_path)], monkeypatch, entries) == 0
+    assert verify_cli(["verify", "--only", "not-borne-out", "--out", str(tmp_path)], monkeypatch, entries) == 0
     assert "FAIL   not-borne-out" in capsys.readouterr().out
     entries = _entries(accounting=[account_boom])
-    assert _cli(["verify", "--only", "boom", "--out", str(tmp_path)], monkeypatch, entries) == 1
+    assert verify_cli(["verify", "--only", "boom", "--out", str(tmp_path)], monkeypatch, entries) == 1
     assert "boom (accounting) raised" in capsys.readouterr().err
 
 
 def test_list_shows_each_entrys_kind(monkeypatch, capsys):
     entries = _entries(claims=[claim_holds], refuted=[claim_not_borne_out], accounting=[account_count])
-    assert _cli(["verify", "--list"], monkeypatch, entries) == 0
+    assert verify_cli(["verify", "--list"], monkeypatch, entries) == 0
     rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
     assert rows == {"holds": "claim", "not-borne-out": "refuted", "count": "accounting"}
 

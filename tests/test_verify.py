@@ -11,6 +11,7 @@ import types
 
 import pytest
 import torch
+from verify_cli import verify_cli
 
 from attnlab.cli.verify import add_verify
 from attnlab.lab import exp_basics as eb
@@ -173,26 +174,17 @@ def test_the_flop_counts_are_accounting_not_claims():
 
 
 # -- CLI ----------------------------------------------------------------------------------------------
-def _cli(argv, monkeypatch, entries):
-    monkeypatch.setattr(verify, "collect", lambda modules=None: entries)
-    p = argparse.ArgumentParser(prog="attnlab")
-    add_verify(p.add_subparsers(dest="cmd", required=True))
-    args = p.parse_args(argv)
-    args.argv = argv
-    return args.run(args)
-
-
 def test_cli_exit_codes_and_table(tmp_path, monkeypatch, capsys):
     ok, bad = _entries(claim_always_true), _entries(claim_always_true, claim_always_false)
-    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, ok) == 0
+    assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, ok) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "always-true" in out and "x = 1" in out and str(tmp_path / "report.html") in out
-    assert _cli(["verify", "--out", str(tmp_path)], monkeypatch, bad) == 1
+    assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, bad) == 1
     assert "FAIL   always-false" in capsys.readouterr().out
-    assert _cli(["verify", "--only", "always-true", "--out", str(tmp_path)], monkeypatch, bad) == 0
-    assert _cli(["verify", "--only", "nope", "--out", str(tmp_path)], monkeypatch, bad) == 2
+    assert verify_cli(["verify", "--only", "always-true", "--out", str(tmp_path)], monkeypatch, bad) == 0
+    assert verify_cli(["verify", "--only", "nope", "--out", str(tmp_path)], monkeypatch, bad) == 2
     assert "attnlab: error: unknown claim id 'nope'" in capsys.readouterr().err
-    assert _cli(["verify", "--list"], monkeypatch, bad) == 0
+    assert verify_cli(["verify", "--list"], monkeypatch, bad) == 0
     assert "always-false" in capsys.readouterr().out and not (tmp_path / "x").exists()
 
 

@@ -14,11 +14,11 @@ import time
 import pytest
 
 pytest.importorskip("fastapi", reason="the web lab needs fastapi")
-uvicorn = pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
-from fastapi.testclient import TestClient  # noqa: E402
+pytest.importorskip("uvicorn", reason="the web lab needs uvicorn")
+from fastapi.testclient import TestClient
+from live_server import live_server
 
-from attnlab.train.distributed import free_port  # noqa: E402
-from attnlab.web import create_app  # noqa: E402
+from attnlab.web import create_app
 
 CAP = 60
 LIMIT = 4 * CAP + 4096                     # create_app's body limit for max_chars=CAP
@@ -33,18 +33,11 @@ def client():
 
 @pytest.fixture(scope="module")
 def server():
-    """A live app with 2 slots and a 0.5 s body deadline. log_config=None: uvicorn's own error log reaches caplog."""
-    srv = uvicorn.Server(uvicorn.Config(create_app(max_chars=CAP, max_computing=2, body_timeout_s=DEADLINE_S),
-                                        host="127.0.0.1", port=free_port(), log_config=None, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start within 20 s"
-        time.sleep(0.05)
-    yield srv.config.port
-    srv.should_exit = True
-    thread.join(timeout=10)
+    """The port of a live app with 2 slots and a 0.5 s body deadline (log_config=None: uvicorn's own error log
+    reaches caplog)."""
+    app = create_app(max_chars=CAP, max_computing=2, body_timeout_s=DEADLINE_S)
+    with live_server(app, log_config=None) as base:
+        yield int(base.rsplit(":", 1)[1])
 
 
 def _head(path: str, length: int) -> bytes:

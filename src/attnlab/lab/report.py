@@ -261,29 +261,32 @@ def _row(c: Claim, stem: str) -> str:
             f'<td>{_kind_badge(c)}</td><td class="num">{c.seconds:.1f}</td></tr>')
 
 
-def _refuted(entries: Sequence[tuple[Claim, str]]) -> list[str]:
+def _aside(entries: Sequence[tuple[Claim, str]], heading: str, intro: str, columns: Sequence[str]) -> list[str]:
+    """A part of the report outside the count: its heading, what it holds, a table of its entries (its
+    four ``columns`` named, then seconds) and a section per entry; nothing when it has no entries."""
     if not entries:
         return []
-    return ["<h2>Refuted here (claims of the theory not borne out by this measurement)</h2>",
-            "<p>Claims the theory makes that this lab measures and finds not borne out, as docs/results.md "
-            "records. Each keeps its judge, and its section lists the checks it fails. They are not part of the "
-            "count above; the run is as recorded only while each of them fails without an error, so one that "
-            "starts to pass (or raises) fails the run until it is re-examined.</p>",
-            "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
-            "</tr></thead><tbody>", *[_row(c, s) for c, s in entries], "</tbody></table>",
-            *[_section(c, s) for c, s in entries]]
+    head = "".join(f"<th>{col}</th>" for col in columns)
+    return [f"<h2>{heading}</h2>", f"<p>{intro}</p>",
+            f"<table><thead><tr>{head}<th>seconds</th></tr></thead><tbody>", *[_row(c, s) for c, s in entries],
+            "</tbody></table>", *[_section(c, s) for c, s in entries]]
+
+
+def _refuted(entries: Sequence[tuple[Claim, str]]) -> list[str]:
+    return _aside(entries, "Refuted here (claims of the theory not borne out by this measurement)",
+                  "Claims the theory makes that this lab measures and finds not borne out, as docs/results.md "
+                  "records. Each keeps its judge, and its section lists the checks it fails. They are not part of "
+                  "the count above; the run is as recorded only while each of them fails without an error, so one "
+                  "that starts to pass (or raises) fails the run until it is re-examined.",
+                  ("claim", "criterion", "measured", "result"))
 
 
 def _accounting(entries: Sequence[tuple[Claim, str]]) -> list[str]:
-    if not entries:
-        return []
-    return ["<h2>Accounting (shown, not counted as verified claims)</h2>",
-            "<p>Counts that hold by construction: a FLOP count is read off the operands' shapes, so it cannot "
-            "come out otherwise for the shapes the theory names. They are shown for what they count and what "
-            "they leave out, and are not part of the verdict above.</p>",
-            "<table><thead><tr><th>entry</th><th>how it is counted</th><th>counted</th><th></th><th>seconds</th>"
-            "</tr></thead><tbody>", *[_row(c, s) for c, s in entries], "</tbody></table>",
-            *[_section(c, s) for c, s in entries]]
+    return _aside(entries, "Accounting (shown, not counted as verified claims)",
+                  "Counts that hold by construction: a FLOP count is read off the operands' shapes, so it cannot "
+                  "come out otherwise for the shapes the theory names. They are shown for what they count and what "
+                  "they leave out, and are not part of the verdict above.",
+                  ("entry", "how it is counted", "counted", ""))
 
 
 def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> str:
