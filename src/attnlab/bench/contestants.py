@@ -31,7 +31,7 @@ from ..functional.request import make_request
 from .cases import Case, attnlab_mask, flex_mods, sdpa_kwargs
 
 __all__ = ["PEERS", "Runner", "make_runner", "reset_flex", "input_bytes", "estimate_peak_bytes",
-           "memory_skip_reason", "contestant_names"]
+           "memory_skip_reason", "contestant_names", "timed_step"]
 
 PEERS = ("torch-sdpa", "flex")
 GB = 1e9
@@ -53,7 +53,7 @@ def contestant_names(backends: list[str], peers: bool = True, flex: bool = True)
     return names + [b for b in backends if b not in names]
 
 
-def _wrap(case: Case, q: Tensor, k: Tensor, v: Tensor, fwd: Callable[[], Tensor]) -> Callable[[], Tensor]:
+def timed_step(case: Case, q: Tensor, k: Tensor, v: Tensor, fwd: Callable[[], Tensor]) -> Callable[[], Tensor]:
     """The timed step: ``fwd()`` under no_grad, or ``fwd()`` then ``out.backward(grad)``."""
     if case.mode == "fwd":
         def step():
@@ -104,21 +104,21 @@ def _flex_runner(case: Case, q: Tensor, k: Tensor, v: Tensor) -> Runner:
         # silently fall back to slow eager flex partway through a full run.
         with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=4096):
             return fa(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    return Runner(_wrap(case, q, k, v, fwd), setup_s=setup)
+    return Runner(timed_step(case, q, k, v, fwd), setup_s=setup)
 
 
 def make_runner(name: str, case: Case, q: Tensor, k: Tensor, v: Tensor) -> Runner:
     """A Runner for contestant ``name`` (an attnlab backend, "auto", or a peer) on this case."""
     if name == "torch-sdpa":
         kw = sdpa_kwargs(case)
-        return Runner(_wrap(case, q, k, v, lambda: F.scaled_dot_product_attention(q, k, v, **kw)))
+        return Runner(timed_step(case, q, k, v, lambda: F.scaled_dot_product_attention(q, k, v, **kw)))
     if name == "flex":
         return _flex_runner(case, q, k, v)
     if name != "auto" and name not in available_backends():
         raise ValueError(f"unknown contestant {name!r}; choose from {available_backends() + ['auto', *PEERS]}")
     mask, bias = attnlab_mask(case)
     picked = choose_backend(make_request(q, k, v, mask=mask, bias=bias), "auto").name if name == "auto" else None
-    return Runner(_wrap(case, q, k, v, lambda: attention(q, k, v, mask=mask, bias=bias, backend=name)),
+    return Runner(timed_step(case, q, k, v, lambda: attention(q, k, v, mask=mask, bias=bias, backend=name)),
                   [f"auto -> {picked}"] if picked else [], picked=picked)
 
 
@@ -148,7 +148,7 @@ def _elements(case: Case) -> int:
 
 def input_bytes(case: Case) -> int:
     """Bytes of what a case allocates before any contestant runs: q, k, v and, for fwdbwd, the
-    upstream gradient (``cases.make_inputs``, ``contestants._wrap``). Every contestant needs them."""
+    upstream gradient (``cases.make_inputs``, ``contestants.timed_step``). Every contestant needs them."""
     elem = torch.tensor([], dtype=case.torch_dtype).element_size()
     return (3 + (case.mode == "fwdbwd")) * _elements(case) * elem
 

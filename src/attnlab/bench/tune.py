@@ -26,7 +26,7 @@ from ..functional import attention, masks
 from ..functional.api import skippable
 from ..functional.request import make_request
 from .cases import Case, make_inputs
-from .contestants import _wrap as timed_step
+from .contestants import timed_step
 from .timing import time_interleaved
 
 __all__ = ["TuneConfig", "run_tune", "PADDED", "CONTESTANTS"]
