@@ -19,7 +19,7 @@ import torch
 
 from ..functional.cpu import cpu_class, cpu_features, cpu_model
 
-__all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor"]
+__all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor", "BUSY_WARN"]
 
 
 def cpu_label(meta: dict) -> str:
@@ -93,6 +93,10 @@ def _busy_jiffies() -> Optional[int]:
 def _own_cpu_s() -> float:
     t = os.times()                       # this process and its finished children (memory runs)
     return t.user + t.system + t.children_user + t.children_system
+
+
+#: other processes' share of the CPUs above which a run's timings are called untrustworthy (report, tune)
+BUSY_WARN = 0.1
 
 
 class LoadMonitor:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Optional
 
-from .machine import cpu_label
+from .machine import BUSY_WARN, cpu_label
 
 __all__ = ["format_table", "write_json", "fmt_bytes"]
 
@@ -83,7 +83,7 @@ def _footer(report: dict) -> list[str]:
                      + " between start and end: this machine's speed drifts; compare rows of one run, "
                        "not across runs")
     busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
+    if busy is not None and busy > BUSY_WARN:
         lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
                      f"the timings are not trustworthy, rerun on an idle machine")
     busy = [r["busy"] for r in report["results"] if "slowdown_busy" in r]

@@ -23,10 +23,9 @@ from .util import fail, fail_run
 __all__ = ["add_tune", "BUSY_LIMIT"]
 
 BUSY_LIMIT = 0.25            # share of the CPUs other processes may use during a tune that is still saved
-WARN_BUSY = 0.1              # the bench's own threshold for calling a run's timings untrustworthy
 
 
-def _positive_ints(text: str) -> int:
+def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -37,11 +36,11 @@ def add_tune(sub) -> None:
     p = sub.add_parser("tune", help="measure this machine for auto's choices and save a profile",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="n 1024 only, three padding points, 3 runs each")
-    p.add_argument("--n", type=_positive_ints, nargs="+", help="sequence lengths of the plain sweep "
+    p.add_argument("--n", type=_positive_int, nargs="+", help="sequence lengths of the plain sweep "
                    "(default 1024 4096)")
     p.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], help="default: both")
-    p.add_argument("--head-dim", type=_positive_ints, default=64, help="D of every case (default 64)")
-    p.add_argument("--repeats", type=_positive_ints, help="timed runs per contestant (default: adaptive, 3-10)")
+    p.add_argument("--head-dim", type=_positive_int, default=64, help="D of every case (default 64)")
+    p.add_argument("--repeats", type=_positive_int, help="timed runs per contestant (default: adaptive, 3-10)")
     p.add_argument("--keep-busy", action="store_true", help="save the profile even if other processes used "
                    f"more than {BUSY_LIMIT:.0%} of the CPUs during the run")
     p.add_argument("--show", action="store_true", help="print the profile auto reads now and exit")
@@ -109,12 +108,12 @@ def run_tune_command(args: argparse.Namespace) -> int:
         return 0
     from tqdm import tqdm
 
-    from ..bench.machine import LoadMonitor, machine_info
+    from ..bench.machine import BUSY_WARN, LoadMonitor, machine_info
     from ..bench.tune import run_tune
     before = LoadMonitor()
     time.sleep(1.0)                                  # a second of the machine's load before any timing
     busy = before.stop()["other_cpu_fraction"]
-    if busy is not None and busy > WARN_BUSY:
+    if busy is not None and busy > BUSY_WARN:
         print(f"attnlab: warning: other processes are using {busy:.0%} of the CPUs; timings taken now will be "
               "wrong: tune on an idle machine", file=sys.stderr)
     monitor = LoadMonitor()
