@@ -88,7 +88,7 @@ def _complexity(args: argparse.Namespace):
         # head-to-head targets (their own masks and modes) are left out
         cfg.mask, cfg.mode, cfg.targets = (args.mask or [None])[0], (args.mode or ["fwd"])[0], False
     report = run_complexity(cfg, args.argv)
-    path = args.json or DEFAULT_COMPLEXITY_JSON
+    path = args.json
     return report, format_complexity(report), path, _plots(lambda: plot_complexity(report, path.removesuffix(".json")))
 
 
@@ -101,7 +101,7 @@ def _favor_accuracy(args: argparse.Namespace):
         if val is not None:
             setattr(cfg, key, val)
     report = run_favor_accuracy(cfg, args.argv)
-    path = args.json or DEFAULT_ACCURACY_JSON
+    path = args.json
     return report, format_accuracy(report), path, _plots(lambda: [plot_accuracy(report, path.removesuffix(".json")
                                                                                 + ".png")])
 
@@ -122,7 +122,7 @@ def _lm(args: argparse.Namespace):
     from ..bench.lm import LM_QUICK, LMBenchConfig, format_lm, run_lm
     given = {k: v for k, v in {"batch": args.batch, "repeats": args.repeats}.items() if v is not None}
     report = run_lm(LMBenchConfig(**{**(LM_QUICK if args.quick else {}), **given}), args.argv)
-    return report, format_lm(report), args.json or DEFAULT_LM_JSON, []
+    return report, format_lm(report), args.json, []
 
 
 def _minilm(args: argparse.Namespace):
@@ -136,7 +136,7 @@ def _minilm(args: argparse.Namespace):
     cfg.backends = args.backend or cfg.backends
     cfg.repeats = args.repeats or cfg.repeats
     report = run_minilm(cfg, args.argv)
-    return report, format_minilm(report), args.json or DEFAULT_MINILM_JSON, []
+    return report, format_minilm(report), args.json, []
 
 
 def _hf(args: argparse.Namespace):
@@ -146,7 +146,7 @@ def _hf(args: argparse.Namespace):
     given = {"n": args.n, "docs": args.docs, "batch": args.batch, "backends": args.backend, "repeats": args.repeats}
     cfg = HFBenchConfig(**{**(HF_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
     report = run_hf(cfg, args.argv)
-    return report, format_hf(report), args.json or DEFAULT_HF_JSON, []
+    return report, format_hf(report), args.json, []
 
 
 def _ring(args: argparse.Namespace):
@@ -162,7 +162,7 @@ def _ring(args: argparse.Namespace):
              "threads": args.ring_threads}
     cfg = RingBenchConfig(**{**(RING_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
     report = run_ring(cfg, args.argv)
-    return report, format_ring(report), args.json or DEFAULT_RING_JSON, []
+    return report, format_ring(report), args.json, []
 
 
 def _memory_scaling(args: argparse.Namespace):
@@ -172,7 +172,7 @@ def _memory_scaling(args: argparse.Namespace):
     cfg = ScalingConfig(dtype=(args.dtype or ["float32"])[0], batch=args.batch or 1, heads=args.heads or 8,
                         head_dim=args.head_dim or 64, memory_limit_gb=args.memory_limit_gb or 16.0)
     report = run_memory_scaling(cfg, args.argv)
-    return report, format_scaling(report), args.json or DEFAULT_SCALING_JSON, []
+    return report, format_scaling(report), args.json, []
 
 
 def _gpu(args: argparse.Namespace):
@@ -191,7 +191,7 @@ def _kernels(args: argparse.Namespace):
         raise ValueError(f"nothing would run: the smallest case, {why}; lower --n, --batch, --heads or "
                          "--head-dim, or raise --memory-limit-gb")
     report = run_kernels(cfg, args.argv)
-    return report, format_table(report), args.json or DEFAULT_KERNELS_JSON, []
+    return report, format_table(report), args.json, []
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,8 @@ def _chosen(args: argparse.Namespace) -> list[str]:
 
 def _json_path(args: argparse.Namespace) -> str:
     """Where the report goes: --json, else ``bench-results/<name>.json`` of the benchmark chosen (kernels:
-    the table), the DEFAULT_*_JSON above."""
+    the table), the DEFAULT_*_JSON above. ``_bench`` sets ``args.json`` to it before any benchmark runs, so
+    every runner writes where this checked."""
     chosen = _chosen(args)
     return args.json if args.json is not None else f"bench-results/{chosen[0] if chosen else 'kernels'}.json"
 
