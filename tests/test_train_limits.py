@@ -112,13 +112,15 @@ def test_the_parameter_estimate_matches_every_model_kind():
     from attnlab.models.vit import ViT, ViTConfig
     from attnlab.models.captioner import Captioner
     from attnlab.models.evoformer import EvoformerConfig
+    from attnlab.models.msa import MSAConfig, MSATransformer
     pairs = PairTaskConfig()
     flat = EvoformerConfig(kind="flat", vocab=pairs.n_symbols, max_rows=pairs.rows, max_cols=pairs.cols)
     models = [GPT(GPTConfig.preset("nano", vocab_size=100)), GPT(GPTConfig(vocab_size=300, positional="rope",
                                                                            tie_weights=False, n_layers=1)),
               Seq2Seq(Seq2SeqConfig.preset("tiny", vocab_size=19)), ViT(ViTConfig.preset("digits")),
               Captioner(default_config()), CodeLSTM(CodeLSTMConfig(vocab_size=300, hidden=40)),
-              EvoformerTask(pairs).build_model(), EvoformerTask(pairs, flat).build_model()]
+              EvoformerTask(pairs).build_model(), EvoformerTask(pairs, flat).build_model(),
+              MSATransformer(MSAConfig(n_layers=2)), MSATransformer(MSAConfig(row="mean", dim=32))]
     for m in models:
         actual = sum(p.numel() for p in m.parameters())
         est = model_params(m.cfg.to_dict())

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .show_common import out_file, pick, reject_unused
-from .show_tasks import show_evoformer, show_vqa
+from .show_tasks import show_evoformer, show_msa, show_vqa
 from .util import fail, writable_dir
 
 __all__ = ["add_show", "show_text", "DEFAULT_OUT"]
@@ -211,6 +211,7 @@ _CHECKPOINT_RENDERERS: dict[str, Callable[[argparse.Namespace], list[Path]]] = {
     "code": _show_code_checkpoint,
     "vqa": _show_task_checkpoint(show_vqa),
     "evoformer": _show_task_checkpoint(show_evoformer),
+    "msa": _show_task_checkpoint(show_msa),
 }
 
 
@@ -257,7 +258,7 @@ def add_show(sub) -> None:
     s.add_argument("--source", metavar="TEXT", help="seq2seq checkpoints: the source sentence to translate")
     s.add_argument("--image-index", type=int, metavar="N",
                    help="ViT / captioner / VQA checkpoints: which test image (question) to show; evoformer: "
-                        "which held-out sample (default 0)")
+                        "which held-out sample (default 0); msa: which test-split family")
     s.add_argument("--layer", type=int, metavar="L", help="only this layer (numbered from 0)")
     s.add_argument("--head", type=int, metavar="H", help="also draw this head alone (numbered from 0)")
     s.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"output directory (default {DEFAULT_OUT})")

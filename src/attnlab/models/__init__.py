@@ -12,3 +12,5 @@ from .captioner import Captioner, CaptionerConfig  # noqa: E402
 from .evoformer import Evoformer, EvoformerConfig  # noqa: E402
 __all__ += ["ViT", "ViTConfig", "VIT_PRESETS", "attention_rollout", "patchify", "unpatchify", "Captioner",
             "CaptionerConfig", "Evoformer", "EvoformerConfig"]
+from .msa import MSAConfig, MSATransformer  # noqa: E402
+__all__ += ["MSATransformer", "MSAConfig"]

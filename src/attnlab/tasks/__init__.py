@@ -28,6 +28,7 @@ TASK_MODULES: dict[str, str] = {
     "evoformer": "attnlab.tasks.evoformer",
     "vqa": "attnlab.tasks.vqa",
     "code": "attnlab.tasks.code",
+    "msa": "attnlab.tasks.msa",
 }
 
 

@@ -133,6 +133,11 @@ def _captioner(c: dict) -> int:
     return n + c["n_layers"] * block_params(d, c.get("d_ff"), vit["d_model"])
 
 
+def _msa(c: dict) -> int:
+    from ..models.msa import MSAConfig, param_count
+    return param_count(MSAConfig.from_dict(c))
+
+
 def _evoformer(c: dict) -> int:
     if c.get("kind") == "flat":
         d = c.get("flat_dim") or 2 * c["msa_dim"]
@@ -169,6 +174,8 @@ def model_params(config: dict) -> int:
         count = _vit
     elif "msa_dim" in config:
         count = _evoformer
+    elif "row" in config and "symbols" in config:
+        count = _msa
     elif "n_encoder_layers" in config:
         count = _seq2seq
     elif "vocab_size" in config and "n_layers" in config:
