@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from .claims import Claim, as_recorded, departures
+from .long_experiments import LONG_EXPERIMENTS, LongResult
 
 __all__ = ["write_report", "render_html", "report_dict", "summary_text", "headline", "png_bytes", "new_figure",
            "jsonable", "PNG_SIGNATURE"]
@@ -174,7 +175,8 @@ def report_dict(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
                         "all_passed": passed == len(verified)},
             "verdict": {"as_recorded": as_recorded(claims), "headline": headline(claims),
                         "departures": departures(claims)},
-            "claims": rows["claim"], "accounting": rows["accounting"], "refuted": rows["refuted"]}
+            "claims": rows["claim"], "accounting": rows["accounting"], "refuted": rows["refuted"],
+            "long_experiments": [asdict(r) for r in LONG_EXPERIMENTS]}
 
 
 def _stems(claims: Sequence[Claim]) -> list[str]:
@@ -289,6 +291,21 @@ def _accounting(entries: Sequence[tuple[Claim, str]]) -> list[str]:
                   ("entry", "how it is counted", "counted", ""))
 
 
+def _long(records: Sequence[LongResult]) -> list[str]:
+    if not records:
+        return []
+    rows = [f"<tr><td>{_e(r.title)}<br><code>{_e(r.claim)}</code></td><td>{_e(r.result)}</td>"
+            f"<td>{'' if r.passed is None else _badge(r.passed)}</td><td>{_e(r.date)}<br>{_e(r.machine)}</td>"
+            f"<td><code>{_e(r.command)}</code><br>{_e(r.where)}</td></tr>" for r in records]
+    return ["<h2>Long experiments (last recorded result; not run here)</h2>",
+            "<p>Claims whose experiments take longer than this run may spend (tens of minutes of an idle machine "
+            "per model). They are run by their scripts and their last result is recorded by hand "
+            "(lab/long_experiments.py, with the figures in docs/results.md). Nothing in this table was measured "
+            "by this run, and none of it is in the count above.</p>",
+            "<table><thead><tr><th>claim</th><th>recorded result</th><th>verdict</th><th>when, where</th>"
+            "<th>command</th></tr></thead><tbody>", *rows, "</tbody></table>"]
+
+
 def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Optional[list[str]] = None) -> str:
     """The whole report page as a string (summary table, a section per claim, the refuted claims, the
     accounting, machine metadata)."""
@@ -320,6 +337,7 @@ def render_html(claims: Sequence[Claim], meta: Optional[dict] = None, stems: Opt
         "<table><thead><tr><th>claim</th><th>criterion</th><th>measured</th><th>result</th><th>seconds</th>"
         "</tr></thead><tbody>", *rows, "</tbody></table>",
         *[_section(c, s) for c, s in verified], *_refuted(refuted), *_accounting(accounting),
+        *_long(LONG_EXPERIMENTS),
         "<h2>Machine and versions</h2>", _meta_table(meta),
         "</body></html>", ""])
 
