@@ -124,8 +124,9 @@ def encode_with_offsets(tokenizer: Tokenizer, text: str) -> tuple[list[int], np.
         return tokenizer.encode(text), np.arange(len(text))
     enc = tokenizer._tok.encode(text)                     # the tokenizers library's Encoding: char offsets
     where = np.zeros(len(text), dtype=np.int64)
+    offsets = enc.offsets                                 # read once: the property rebuilds the list per access
     for i in range(len(enc.ids) - 1, -1, -1):             # backwards, so the first token of a shared span wins
-        a, b = enc.offsets[i]
+        a, b = offsets[i]
         where[a:b] = i
     return list(enc.ids), where
 
