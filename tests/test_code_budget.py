@@ -78,8 +78,10 @@ def test_script_judges_a_checkpoint_as_the_claims_do(fixed_run, data):
 
 @pytest.mark.parametrize("args, message", [
     (["--steps", "2", "--checkpoints", "3"], "--steps (2) must be >= --checkpoints (3)"),
-    ([], "give --steps to train, or --judge-only"),
-    (["--steps", "9", "--judge-only"], "give --steps to train, or --judge-only"),
+    ([], "give --cpu-budget or --steps to train, or --judge-only"),
+    (["--steps", "9", "--judge-only"], "not allowed with argument"),
+    (["--steps", "9", "--cpu-budget", "60"], "not allowed with argument"),
+    (["--cpu-budget", "0"], "--cpu-budget must be > 0 CPU-seconds, got 0.0"),
 ])
 def test_script_rejects_bad_arguments(tmp_path, args, message):
     run = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(tmp_path / "out")],
@@ -91,3 +93,40 @@ def test_script_judge_only_needs_checkpoints(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPT), "--judge-only", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and f"no checkpoints in {tmp_path / 'gpt'}" in run.stderr
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("code_budget", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("pair")
+    for arch in ("gpt", "lstm"):
+        code_train.train_code_model(arch, CFG, out / arch, data, steps=4, checkpoints=2)
+    return out
+
+
+def test_script_judges_every_claim_at_each_pair_of_checkpoints(pair_run, data):
+    cfg = replace(CODE_QUICK, train=CFG, prompts=2, max_new_tokens=8, windows=4)
+    judged = _script().judge_runs(pair_run, data, cfg)
+    rows = judged["checkpoints"]
+    assert [(r["fraction"], r["step"]) for r in rows] == [("1/2", 2), ("2/2", 4)]
+    assert [r["syntax"]["lstm_checkpoint"] for r in rows] == ["step-000002", "step-000004"]
+    assert set(rows[-1]["syntax"]["rates"]) == {"gpt", "lstm", "bigram"}
+    assert rows[-1]["syntax"]["rates"]["gpt"] == (rows[-1]["gpt_syntax_rate"] or 0.0)
+    assert judged["verdict"] == {k: rows[-1][k]["passed"] for k in ("brackets", "def_use", "scope", "syntax")}
+    assert judged["runs"]["gpt"]["steps"] == judged["runs"]["lstm"]["steps"] == 4
+    assert judged["machine"]["cpu_model"] and "code_budget.py" in judged["machine"]["command"]
+
+
+def test_script_refuses_unpaired_checkpoints(pair_run, data, tmp_path):
+    import shutil
+    out = tmp_path / "run"
+    shutil.copytree(pair_run, out)
+    shutil.rmtree(out / "lstm" / "step-000002")
+    with pytest.raises(ValueError, match="2 GPT checkpoints but 1 LSTM checkpoints"):
+        _script().judge_runs(out, data, replace(CODE_QUICK, train=CFG))
