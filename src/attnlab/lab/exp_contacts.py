@@ -156,7 +156,7 @@ def judge_contacts(m: dict, base_ratio: float, ablation_ratio: float) -> list[Ch
 
 
 def _plot(m: dict) -> bytes:
-    fig, (a1, a2, a3) = new_figure(3, width=13.0)
+    fig, (a1, a2, a3) = new_figure(3, width=4.4)                     # width per panel
     names = ["attention", "dca", "model_jacobian", "ablation_jacobian", "base_rate"]
     labels = ["row attention\n(logistic read-out)", "mean-field\nDCA", "full model's\nJacobian",
               "no row attention\n(Jacobian)", "base rate"]

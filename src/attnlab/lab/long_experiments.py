@@ -49,4 +49,14 @@ LONG_EXPERIMENTS: list[LongResult] = [
                "at the earlier budget (run 4): head L1H0: weight 0.052 vs 0.017 at the same distance (3.04x, 3x "
                "asked), beats its control in 46% of 35 pairs (75% asked)", "2026-12-02",
                "not recorded (by date the AMD Zen 4), 2 threads", _RUN4, "docs/results.md, 'The code model'"),
+    LongResult("code-scope", "Code: a use attends to the binding in its own scope", None,
+               "not run yet: it is judged on the code claims' models at the decided budget (4,320 CPU-s per "
+               "model), with its criterion written in docs/results.md before that run", "2026-12-03",
+               "-", ".venv/bin/python scripts/code_budget.py --cpu-budget 4320 --checkpoints 4 --out "
+               "runs/code-budget-30", "docs/results.md, 'Issue #30: the criteria'"),
+    LongResult("msa-contacts", "Evoformer case: contacts read from row attention", True,
+               "precision of the top L/5 long-range pairs on 20 held-out families: row attention 1.00 (38x the "
+               "base rate 0.026), the model without row attention 0.08 (12.9x less); DCA 0.99 (shown)", "2026-12-03",
+               "Intel(R) Xeon(R) Processor (AMX), 2 threads", ".venv/bin/python scripts/msa_contacts.py --out "
+               "runs/msa-contacts", "docs/results.md, 'Issue #30: contacts read from row attention'"),
 ]
