@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, TypeVar
 
-__all__ = ["from_preset", "LEGACY_KEYS", "LEGACY_DATA_KEYS", "upgrade_keys"]
+__all__ = ["from_preset", "from_known_fields", "LEGACY_KEYS", "LEGACY_DATA_KEYS", "upgrade_keys"]
 
 C = TypeVar("C")
 
@@ -47,3 +47,19 @@ def from_preset(cls: type[C], presets: Mapping[str, Mapping[str, Any]], name: st
         label = f"{what} preset" if what else "preset"
         raise ValueError(f"unknown {label} {name!r}; choose from {sorted(presets)}")
     return cls(**{**presets[name], **upgrade_keys(overrides)})
+
+
+def from_known_fields(cls: type[C], d: Mapping[str, Any]) -> C:
+    """``cls(**d)`` for a dataclass, with fields ``cls`` does not have named in a ValueError (a checkpoint of
+    another version, or a typo) rather than a TypeError about keyword arguments.
+
+    Example::
+
+        from_known_fields(TrainConfig, {"steps": 10})          # TrainConfig(steps=10, ...)
+    """
+    from dataclasses import fields
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(known)}")
+    return cls(**d)

@@ -72,7 +72,6 @@ def _train(row: str, cfg: ContactClaimConfig, out: Path) -> None:
     if out.exists():                                   # an unfinished run: start again
         shutil.rmtree(out)
     task = MSATask(cfg.potts, row=row, rows=cfg.rows, families=cfg.train_families)
-    task.msas("train"), task.msas("fit")               # sample the families before the clock starts
     tc = TrainConfig(steps=None, time_limit_min=cfg.minutes, batch_size=cfg.batch_size, lr=1e-3, min_lr=1e-4,
                      warmup_steps=100, eval_interval=500, eval_iters=4, checkpoint_interval=10**9,
                      seed=cfg.seed, out_dir=str(out))

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 from ..nn.axial import AxialAttention, AxialAttentionConfig
 from ..nn.blocks import BlockConfig, EncoderStack
+from .grid import check_symbol_grid
 
 __all__ = ["EvoformerConfig", "Evoformer", "EvoformerBlock", "OuterProductMean", "TriangleMultiplication",
            "matched_flat_size", "KINDS", "ABLATIONS"]
@@ -307,12 +308,7 @@ class Evoformer(nn.Module):
 
     def _check(self, msa: Tensor) -> None:
         cfg = self.cfg
-        if not isinstance(msa, Tensor) or msa.dim() != 3:
-            got = tuple(msa.shape) if isinstance(msa, Tensor) else type(msa).__name__
-            raise ValueError(f"msa is {got}; the model takes (B, R, C) integer symbols")
-        if msa.dtype.is_floating_point or msa.dtype == torch.bool:
-            raise TypeError(f"msa must hold integer symbols, got dtype {msa.dtype}")
-        B, R, C = msa.shape
+        B, R, C = check_symbol_grid(msa)
         if cfg.kind == "flat" and (R > cfg.max_rows or C > cfg.max_cols):
             raise ValueError(f"msa is (B={B}, R={R}, C={C}) but the flat model embeds at most "
                              f"max_rows={cfg.max_rows} rows and max_cols={cfg.max_cols} columns: raise them")

