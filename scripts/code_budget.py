@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.bench.machine import machine_info
+from attnlab.measure.machine import machine_info
 from attnlab.lab.code_scope import held_out_scope_stats, scope_verdict
 from attnlab.lab.code_train import train_code_model
 from attnlab.lab.exp_code import (CODE_FULL, bracket_verdict, defuse_verdict, held_out_stats, judge_syntax,
                                   sample_bodies, syntax_prompts)
-from attnlab.lab.exp_sequential import threads
+from attnlab.measure.threads import threads
 from attnlab.tasks import load_model
 from attnlab.tasks.code import CODE_PRESETS, prepare_code_data
 from attnlab.tasks.code_models import BigramLM

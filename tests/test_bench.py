@@ -10,7 +10,7 @@ import torch
 
 from attnlab.bench import MASK_KINDS, Case, allowed_pairs, extrapolate, fit_power_law, measure_peak, useful_flops
 from attnlab.bench.cases import attnlab_mask, flex_mods, sdpa_kwargs
-from attnlab.bench.timing import time_interleaved
+from attnlab.measure.timing import time_interleaved
 from attnlab.cli import main
 
 # Awkward on purpose: n not a multiple of the docs or of any tile, W < n, batch > 1 for padding.

@@ -243,6 +243,7 @@ FLOORS = [
     {"attnlab.web"},
     {"attnlab.lab"},
     {"attnlab.bench"},
+    {"attnlab.measure"},
     {"attnlab.tasks"},
     {"attnlab.train"},
     {"attnlab.models", "attnlab.integrations", "attnlab.data"},

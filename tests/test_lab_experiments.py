@@ -22,7 +22,8 @@ from attnlab.lab.exp_longrange import (LONGRANGE_FULL, LONGRANGE_QUICK, LagLSTM,
 from attnlab.lab.exp_pretrained import SAT_AWARD_SENTENCE, head_statistics, judge_head_diversity, quantile_spread
 from attnlab.lab.subject_link import token_index
 from attnlab.lab.exp_sequential import (critical_path, judge_critical_path, judge_wall_time, layer_flops,
-                                        layers_for_timing, native_rnn, threads)
+                                        layers_for_timing, native_rnn)
+from attnlab.measure.threads import threads
 from attnlab.nn import AttentionConfig, AttentionLayer
 from attnlab.nn.rnn import ElmanRNN, LSTMBaseline, RNNConfig
 

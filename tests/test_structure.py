@@ -72,3 +72,61 @@ def test_an_old_name_still_works_and_warns(module, old, new):
         assert getattr(mod, old) is getattr(mod, new)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         mod.Nope
+
+
+# -- one measurement package (issue #29): bench's timing and machine, and the lab's threads(), moved ------------
+@pytest.mark.parametrize("old_module, name, new_module", [
+    ("attnlab.bench.timing", "time_interleaved", "attnlab.measure.timing"),
+    ("attnlab.bench.timing", "time_median", "attnlab.measure.timing"),
+    ("attnlab.bench.timing", "Timing", "attnlab.measure.timing"),
+    ("attnlab.bench.timing", "gemm_peak_gflops", "attnlab.measure.timing"),
+    ("attnlab.bench.timing", "MIN_RUNS", "attnlab.measure.timing"),              # not in __all__, still reachable
+    ("attnlab.bench.machine", "machine_info", "attnlab.measure.machine"),
+    ("attnlab.bench.machine", "LoadMonitor", "attnlab.measure.machine"),
+    ("attnlab.bench.machine", "BUSY_WARN", "attnlab.measure.machine"),
+    ("attnlab.bench.machine", "cpu_label", "attnlab.measure.machine"),
+    ("attnlab.bench.machine", "code_version", "attnlab.measure.machine"),
+    ("attnlab.lab.exp_sequential", "threads", "attnlab.measure.threads"),
+])
+def test_a_moved_name_still_works_and_warns(old_module, name, new_module):
+    old, new = importlib.import_module(old_module), importlib.import_module(new_module)
+    with pytest.warns(DeprecationWarning, match=f"{old_module}.{name} is deprecated: it is now {new_module}.{name} "):
+        assert getattr(old, name) is getattr(new, name)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        old.Nope
+
+
+@pytest.mark.parametrize("old_module, new_module", [("attnlab.bench.timing", "attnlab.measure.timing"),
+                                                    ("attnlab.bench.machine", "attnlab.measure.machine")])
+def test_a_moved_module_still_answers_a_star_import(old_module, new_module):
+    new = importlib.import_module(new_module)
+    with pytest.warns(DeprecationWarning):
+        names: dict = {}
+        exec(f"from {old_module} import *", names)
+    assert {n: names[n] for n in new.__all__} == {n: getattr(new, n) for n in new.__all__}
+
+
+def _imports(path: Path, package: str):
+    """(module, name) for each ``from module import name`` in ``path``, relative modules resolved in ``package``."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
+            yield from ((module, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from ((alias.name, None) for alias in node.names)
+
+
+def test_the_users_of_a_moved_name_import_it_from_its_new_home():
+    # The old paths are for code outside attnlab: inside it, an old path would warn on every run.
+    moved = {"attnlab.bench.timing", "attnlab.bench.machine"}
+    found = []
+    for root in (SRC, SRC.parents[1] / "tests", SRC.parents[1] / "scripts"):
+        for path in sorted(root.rglob("*.py")):
+            # a module's package is its folder (for pkg/__init__.py too); tests and scripts import absolutely
+            package = ".".join(path.relative_to(SRC.parent).parts[:-1]) if root == SRC else ""
+            for module, name in _imports(path, package):
+                if module in moved or f"{module}.{name}" in moved or \
+                        (module == "attnlab.lab.exp_sequential" and name == "threads"):
+                    found.append(f"{path}: from {module} import {name}")
+    assert not found, "imports of a moved name from its old path:\n" + "\n".join(found)

@@ -152,7 +152,7 @@ def test_tune_measures_saves_shows_and_forgets(capsys):
 
 @needs_native
 def test_a_tune_on_a_busy_machine_is_not_saved(monkeypatch, capsys):
-    from attnlab.bench import machine
+    from attnlab.measure import machine
     monkeypatch.setattr(machine.LoadMonitor, "stop", lambda self: {"other_cpu_fraction": 0.6})
     assert main(["tune", "--quick", "--n", "64", "--dtype", "float32", "--repeats", "1"]) == 1
     err = capsys.readouterr().err

@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-__all__ = ["renamed"]
+__all__ = ["renamed", "moved"]
 
 
 def renamed(namespace: dict[str, Any], old_to_new: dict[str, str], module: str) -> Callable[[str], Any]:
@@ -27,4 +27,21 @@ def renamed(namespace: dict[str, Any], old_to_new: dict[str, str], module: str) 
         warnings.warn(f"{module}.{name} is deprecated: it is now {module}.{new} (same object)",
                       DeprecationWarning, stacklevel=2)
         return namespace[new]
+    return __getattr__
+
+
+def moved(old_module: str, new: Any) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a module whose contents moved to module ``new``: every name ``new`` has
+    is answered with ``new``'s own object and a DeprecationWarning naming its new home.
+
+    Example::
+
+        __getattr__ = moved(__name__, attnlab.measure.timing)       # in the old attnlab/bench/timing.py
+    """
+    def __getattr__(name: str) -> Any:
+        if not hasattr(new, name):
+            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
+        warnings.warn(f"{old_module}.{name} is deprecated: it is now {new.__name__}.{name} (same object)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(new, name)
     return __getattr__

@@ -4,12 +4,13 @@ One concern per module:
 
     cases        the problems (mask kind x n x dtype x mode), their masks in every form, useful FLOPs
     contestants  attnlab backends and the torch peers, each as a zero-argument step
-    timing       warm-up + median timing, and this machine's measured GEMM peak
     memory       peak memory of one step in a fresh subprocess; power-law extrapolation
     kernels      the benchmark loop (``BenchConfig``, ``QUICK``, ``run_kernels``)
     scaling      the tiled-vs-reference memory scaling preset (``--memory-scaling``)
     report       the plain-text table and the JSON file
-    machine      versions, CPU and threads, stored with every report
+
+Timing and the machine facts live in ``attnlab.measure`` (the lab times with them too); ``bench.timing``
+and ``bench.machine`` still answer, with a DeprecationWarning.
 
 The command line is ``attnlab bench`` (see ``attnlab.cli.bench``). From Python::
 

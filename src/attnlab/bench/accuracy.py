@@ -28,7 +28,7 @@ from ..functional import masks
 from ..functional.backends.favor import FavorFeatures, favor_attention
 from ..functional.backends.linear import linear_attention
 from ..functional.backends.reference import reference_attention
-from .machine import machine_info
+from ..measure.machine import machine_info
 from .plots import line_plot
 
 __all__ = ["AccuracyConfig", "ACCURACY_QUICK", "run_favor_accuracy", "format_accuracy", "plot_accuracy"]

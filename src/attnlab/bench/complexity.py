@@ -33,13 +33,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..functional import available_backends
+from ..measure.machine import LoadMonitor, machine_info
+from ..measure.timing import time_interleaved, time_median
 from .cases import Case, make_inputs, useful_flops
 from .contestants import make_runner, memory_skip_reason
-from .machine import LoadMonitor, machine_info
 from .memory import fit_power_law, measure_peak
 from .plots import line_plot
 from .report import fmt_bytes
-from .timing import time_interleaved, time_median
 
 __all__ = ["ComplexityConfig", "COMPLEXITY_QUICK", "SERIES", "run_complexity", "format_complexity",
            "plot_complexity"]

@@ -170,7 +170,7 @@ def time_contended(rows: list[dict], steps: list, quiet_times: list[list[float]]
     The busy process's bound is 20x the quiet timing's wall time plus 30 s: room for a 20x
     slowdown, and still a hard limit.
     """
-    from .timing import time_interleaved
+    from ..measure.timing import time_interleaved
     bound = 30.0 + 20.0 * sum(sum(ts) for ts in quiet_times)
     with BusyProcess(core=core, bound_s=bound) as busy:
         times = time_interleaved(steps, repeats)

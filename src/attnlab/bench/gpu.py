@@ -31,9 +31,9 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from ..measure.machine import machine_info
 from ..positional.alibi import alibi_slopes
 from .cases import MASK_KINDS, Case, attnlab_mask, document_ids, flex_mods, sdpa_kwargs, useful_flops
-from .machine import machine_info
 
 __all__ = ["GpuBenchConfig", "GPU_QUICK", "GPU_KINDS", "CONTESTANTS", "gpu_cases", "run_gpu_bench",
            "evaluate_targets", "format_gpu_table", "from_cli", "DEFAULT_GPU_JSON"]

@@ -23,9 +23,9 @@ from typing import Callable, Optional
 
 import torch
 
+from ..measure.machine import LoadMonitor, cpu_label, machine_info
+from ..measure.timing import time_interleaved
 from .lm_report import _table
-from .machine import LoadMonitor, cpu_label, machine_info
-from .timing import time_interleaved
 
 __all__ = ["HFBenchConfig", "HF_QUICK", "run_hf", "format_hf", "packed_batch", "SDPA"]
 

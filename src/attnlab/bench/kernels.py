@@ -22,12 +22,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from ..measure.machine import LoadMonitor, machine_info
+from ..measure.timing import gemm_peak_gflops, time_interleaved
 from .cases import DTYPES, MASK_KINDS, MODES, Case, make_inputs, useful_flops
 from .contestants import (PEERS, contestant_names, estimate_peak_bytes, input_bytes, make_runner, memory_skip_reason,
                           reset_flex)
-from .machine import LoadMonitor, machine_info
 from .memory import extrapolate, measure_peak
-from .timing import gemm_peak_gflops, time_interleaved
 
 __all__ = ["BenchConfig", "QUICK", "AUTO_WITHIN", "run_kernels", "run_case", "nothing_fits"]
 

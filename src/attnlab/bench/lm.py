@@ -34,13 +34,13 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from ..measure.machine import LoadMonitor, machine_info
+from ..measure.timing import time_interleaved
 from ..models.gpt import GPT, GPTConfig
 from ..nn.backend import set_backend
 from .lm_nanogpt import NanoGPT, copy_from_attnlab
 from .lm_overheads import cpu_timed, decode_step_fns, overheads
 from .lm_report import NANOGPT, format_lm
-from .machine import LoadMonitor, machine_info
-from .timing import time_interleaved
 
 __all__ = ["LMBenchConfig", "LM_QUICK", "run_lm", "format_lm", "NANOGPT"]
 

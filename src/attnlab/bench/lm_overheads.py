@@ -27,7 +27,7 @@ from einops import rearrange
 from torch import nn
 
 from ..functional import attention
-from .timing import time_interleaved
+from ..measure.timing import time_interleaved
 
 __all__ = ["cpu_timed", "overheads", "decode_step_fns"]
 

@@ -6,7 +6,7 @@ Example::
 """
 from __future__ import annotations
 
-from .machine import cpu_label
+from ..measure.machine import cpu_label
 
 __all__ = ["format_lm", "training_verdict"]
 

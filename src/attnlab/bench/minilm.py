@@ -28,10 +28,10 @@ import torch
 
 from ..functional import available_backends
 from ..functional.registry import get_backend
+from ..measure.machine import LoadMonitor, cpu_label, machine_info
+from ..measure.timing import time_interleaved
 from ..models.encoder import Encoder
 from ..models.minilm import minilm_path
-from .machine import LoadMonitor, cpu_label, machine_info
-from .timing import time_interleaved
 
 __all__ = ["MiniLMBenchConfig", "MINILM_QUICK", "run_minilm", "format_minilm", "HF", "encoder_flops"]
 

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Optional
 
-from .machine import BUSY_WARN, cpu_label
+from ..measure.machine import BUSY_WARN, cpu_label
 
 __all__ = ["format_table", "write_json", "fmt_bytes"]
 

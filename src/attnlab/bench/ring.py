@@ -33,9 +33,9 @@ from typing import Optional
 
 import torch
 
+from ..measure.machine import LoadMonitor, machine_info
 from ..train.distributed import free_port
 from .lm_report import _table
-from .machine import LoadMonitor, machine_info
 
 __all__ = ["RingBenchConfig", "RING_QUICK", "run_ring", "format_ring"]
 

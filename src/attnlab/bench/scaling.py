@@ -17,9 +17,9 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from ..measure.machine import machine_info
 from .cases import Case
 from .contestants import memory_skip_reason
-from .machine import machine_info
 from .memory import extrapolate, measure_peak
 from ..functional.memory import human_bytes
 from .report import fmt_bytes

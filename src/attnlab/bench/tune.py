@@ -25,9 +25,9 @@ import torch
 from ..functional import attention, masks
 from ..functional.api import skippable
 from ..functional.request import make_request
+from ..measure.timing import time_interleaved
 from .cases import Case, make_inputs
 from .contestants import timed_step
-from .timing import time_interleaved
 
 __all__ = ["TuneConfig", "run_tune", "PADDED", "CONTESTANTS"]
 

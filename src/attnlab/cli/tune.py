@@ -108,7 +108,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         return 0
     from tqdm import tqdm
 
-    from ..bench.machine import BUSY_WARN, LoadMonitor, machine_info
+    from ..measure.machine import BUSY_WARN, LoadMonitor, machine_info
     from ..bench.tune import run_tune
     before = LoadMonitor()
     time.sleep(1.0)                                  # a second of the machine's load before any timing

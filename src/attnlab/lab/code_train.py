@@ -29,9 +29,9 @@ from typing import Optional
 
 import torch
 
+from ..measure.threads import threads
 from ..tasks.code import CODE_PRESETS, CodeData, make_code_task, prepare_code_data
 from ..tasks.code_models import BigramLM
-from .exp_sequential import threads
 
 __all__ = ["CodeTrainConfig", "CodeModels", "calibrate", "train_code_model", "code_models"]
 

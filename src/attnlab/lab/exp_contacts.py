@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from ..data.potts import PottsConfig, base_rate, family_set
+from ..measure.threads import threads
 from .contacts import (categorical_jacobian_scores, fit_logistic, long_range_pairs, mean_field_dca, top_l_over,
                             pair_features, precision_at, predict_logistic)
 from .claims import Check, Claim, VerifyContext
-from .exp_sequential import threads
 from .report import new_figure, png_bytes
 
 __all__ = ["ContactClaimConfig", "CONTACTS_FULL", "contact_models", "measure_contacts",

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..measure.threads import threads
 from .claims import Check, Claim, VerifyContext
-from .exp_sequential import n_axis, threads
+from .exp_sequential import n_axis
 from .report import new_figure, png_bytes
 
 __all__ = ["CLAIMS", "LongRangeConfig", "LONGRANGE_QUICK", "LONGRANGE_FULL", "copy_batch", "LagTransformer",

@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ..measure.threads import threads
 from .claims import Check, Claim, VerifyContext
-from .exp_sequential import threads
 from .report import new_figure, png_bytes
 from .subject_link import (HELD_OUT_SENTENCES, MIN_LINK_WEIGHT, MIN_SPECIFICITY, SELECTION_SENTENCES, TARGET,
                            closeness, head_rows, judge_subject_link, links, measure_link, select_head)

@@ -31,10 +31,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from ..measure.threads import threads as _threads
+from ..measure.timing import time_interleaved
 from .claims import Check, Claim, VerifyContext
 from .report import new_figure, png_bytes
 
-__all__ = ["CLAIMS", "PathCount", "critical_path", "threads", "native_rnn", "judge_critical_path", "judge_wall_time",
+__all__ = ["CLAIMS", "PathCount", "critical_path", "native_rnn", "judge_critical_path", "judge_wall_time",
            "n_axis", "layers_for_timing", "layer_flops", "claim_sequential_critical_path", "claim_sequential_wall_time"]
 
 _aten = torch.ops.aten
@@ -121,21 +123,6 @@ def critical_path(module: Callable[[Tensor], Tensor], x: Tensor) -> PathCount:
     out = [t for t in tree_flatten(y)[0] if isinstance(t, Tensor)]
     depth = max((mode.depth.get(t, 0) for t in out), default=0)
     return PathCount(depth, mode.matmuls, mode.flops, sorted(mode.opaque))
-
-
-@contextmanager
-def threads(n: int):
-    """Run the block with ``n`` torch threads, then restore the previous count.
-
-    Timing and small-model training use one thread: on a shared 2-core machine a second OpenMP
-    thread waiting at a barrier for a descheduled sibling costs more than it gains at these sizes.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextmanager
@@ -291,7 +278,6 @@ def claim_sequential_critical_path(ctx: VerifyContext) -> Claim:
 
 def _time_layers(layers: dict[str, nn.Module], x: Tensor, repeats: int) -> dict[str, tuple[float, float]]:
     """name -> (fastest, median) seconds of ``repeats`` round-robin forwards, after one warm-up each."""
-    from ..bench.timing import time_interleaved
     fns = [(lambda m=m: m(x)) for m in layers.values()]
     with torch.no_grad():
         for f in fns:
@@ -308,7 +294,7 @@ def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
     layers = layers_for_timing(dim, heads, ctx.seed)
     times: dict[int, dict[str, list[float]]] = {b: {name: [] for name in layers} for b in batches}   # fastest
     medians: dict[int, dict[str, list[float]]] = {b: {name: [] for name in layers} for b in batches}
-    with threads(1):
+    with _threads(1):
         for b in batches:
             for n in ns:
                 for name, (best, med) in _time_layers(layers, torch.randn(b, n, dim), repeats).items():
@@ -372,3 +358,13 @@ def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
 
 
 CLAIMS = [claim_sequential_critical_path, claim_sequential_wall_time]
+
+
+def __getattr__(name: str):
+    # threads() moved to attnlab.measure.threads (issue #29): it is measurement, not this experiment, and four
+    # other lab modules need it. The old import still works, with a DeprecationWarning.
+    if name != "threads":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"{__name__}.threads is deprecated: it is now attnlab.measure.threads.threads (same object)",
+                  DeprecationWarning, stacklevel=2)
+    return _threads

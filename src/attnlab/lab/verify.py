@@ -201,7 +201,7 @@ class VerifyResult:
 
 def _meta(quick: bool, only, seed: int, argv) -> dict:
     from .. import __version__
-    from ..bench.machine import machine_info
+    from ..measure.machine import machine_info
     return {"attnlab": __version__, **machine_info(argv), "quick": quick, "only": list(only or []), "seed": seed}
 
 

@@ -1,0 +1,102 @@
+"""Wall-clock timing: warm-up, then the median of several runs (one function, or several
+round-robin so they share the machine's drifts); and this machine's GEMM peak.
+
+Example::
+
+    t = time_median(lambda: a @ a)          # Timing(median_s=..., times_s=[...])
+    ta, tb = time_interleaved([f, g])       # f and g already warmed up
+    peak = gemm_peak_gflops(torch.float32)  # about 190 on a 2-core Zen 4
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+__all__ = ["Timing", "time_median", "time_interleaved", "gemm_peak_gflops"]
+
+MIN_RUNS, MAX_RUNS = 3, 10
+BUDGET_S = 0.5          # adaptive mode: stop adding runs once this much time is spent (after MIN_RUNS)
+
+
+@dataclass
+class Timing:
+    median_s: float
+    times_s: list[float]
+    first_s: float          # the warm-up call: includes one-off costs (compilation, lazy init)
+
+
+def time_median(fn: Callable[[], object], repeats: Optional[int] = None) -> Timing:
+    """Call ``fn`` once to warm up, then time it and return the median.
+
+    Args:
+        fn: the work; it must finish its computation before returning (true on CPU).
+        repeats: exactly this many timed runs; None = adaptive, MIN_RUNS to MAX_RUNS runs within
+            about BUDGET_S seconds, so slow cases cost a few runs and fast ones get a stable median.
+    Returns:
+        a Timing with the median, every timed run and the warm-up call, in seconds.
+    Example:
+        time_median(lambda: torch.randn(512, 512) @ torch.randn(512, 512), repeats=3).median_s
+    """
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    times: list[float] = []
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if repeats is not None:
+            if len(times) >= repeats:
+                break
+        elif len(times) >= MAX_RUNS or (len(times) >= MIN_RUNS and sum(times) >= BUDGET_S):
+            break
+    return Timing(statistics.median(times), times, first)
+
+
+def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = None) -> list[list[float]]:
+    """Time already warmed-up functions round-robin: one run of each per round.
+
+    On a shared machine the speed drifts over seconds; interleaving makes the drift hit every
+    function alike, so their ratios stay fair even when the absolute times move.
+
+    Args:
+        fns: the functions, each already called once (warm-up is the caller's job).
+        repeats: exactly this many rounds; None = adaptive, MIN_RUNS to MAX_RUNS rounds, stopping
+            after about BUDGET_S seconds per function.
+    Returns:
+        per function, the seconds of each of its runs.
+    Example:
+        a, b = time_interleaved([lambda: x @ x, lambda: x.T @ x], repeats=5)
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    start = time.perf_counter()
+    while fns:
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        rounds = len(times[0])
+        if repeats is not None:
+            if rounds >= repeats:
+                break
+        elif rounds >= MAX_RUNS or (rounds >= MIN_RUNS and time.perf_counter() - start >= BUDGET_S * len(fns)):
+            break
+    return times
+
+
+def gemm_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
+    """Measured matmul throughput of this machine in GFLOP/s: the fastest of ``repeats`` size^3 GEMMs.
+
+    This is the practical ceiling for attention, which is two GEMMs plus a softmax; "% of peak"
+    in the bench is relative to it, not to a datasheet number. The fastest run, not the median:
+    a peak is what the machine *can* do, and on a shared VM the median drifts with neighbours.
+    """
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=g).to(dtype)
+    b = torch.randn(size, size, generator=g).to(dtype)
+    t = time_median(lambda: a @ b, repeats=repeats)
+    return 2 * size ** 3 / min(t.times_s) / 1e9
