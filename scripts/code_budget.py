@@ -34,7 +34,7 @@ import numpy as np
 
 from attnlab.measure.machine import machine_info
 from attnlab.lab.code_scope import held_out_scope_stats, scope_verdict
-from attnlab.lab.code_train import train_code_model
+from attnlab.lab.code_train import finished_record, train_code_model
 from attnlab.lab.exp_code import (CODE_FULL, bracket_verdict, defuse_verdict, held_out_stats, judge_syntax,
                                   sample_bodies, syntax_prompts)
 from attnlab.measure.threads import threads
@@ -55,8 +55,9 @@ def syntax_rate(model, data, prompts, cfg, seed: int = 0):
     return float(np.mean(ok)) if ok else None
 
 
-def judge_checkpoint(path: Path, data, cfg=CODE_FULL, seed: int = 0) -> dict:
-    """One GPT checkpoint judged as the attention claims judge, with its syntax rate (module docstring)."""
+def judge_checkpoint(path: Path, data, cfg=CODE_FULL, seed: int = 0, prompts=None) -> dict:
+    """One GPT checkpoint judged as the attention claims judge, with its syntax rate on ``prompts`` (default: the
+    syntax claim's, ``syntax_prompts``) (module docstring)."""
     gpt, _ = load_model(path)
     stats = held_out_stats(gpt, data, cfg)
     row = {"checkpoint": path.name}
@@ -65,29 +66,25 @@ def judge_checkpoint(path: Path, data, cfg=CODE_FULL, seed: int = 0) -> dict:
         row[name] = {"head": f"L{layer}H{head}", **_checks(checks)}
     layer, head, s, s_ctrl, checks = scope_verdict(held_out_scope_stats(gpt, data, cfg), cfg)
     row["scope"] = {"head": f"L{layer}H{head}", "summary": s, "control": s_ctrl, **_checks(checks)}
-    prompts = syntax_prompts(data, cfg, gpt.cfg.max_len)
+    prompts = syntax_prompts(data, cfg, gpt.cfg.max_len) if prompts is None else prompts
     row["gpt_syntax_rate"] = syntax_rate(gpt, data, prompts, cfg, seed)
     row["prompts"] = len(prompts)
     return row
 
 
-def judge_syntax_pair(gpt_row: dict, lstm_path: Path, data, bigram, cfg=CODE_FULL, seed: int = 0) -> dict:
-    """The syntax claim at one pair of checkpoints: the LSTM's and the bigram's rates on the GPT's prompts."""
+def judge_syntax_pair(gpt_row: dict, lstm_path: Path, data, prompts: list, bigram_rate: float, cfg=CODE_FULL,
+                      seed: int = 0) -> dict:
+    """The syntax claim at one pair of checkpoints: the LSTM's rate on the GPT's ``prompts``, against the GPT's
+    and the bigram's (the bigram is the same at every checkpoint, so its rate is measured once)."""
     lstm, _ = load_model(lstm_path)
-    prompts = syntax_prompts(data, cfg, CODE_PRESETS[cfg.train.preset]["max_len"])      # the GPT's context
     rates = {"gpt": gpt_row["gpt_syntax_rate"] or 0.0, "lstm": syntax_rate(lstm, data, prompts, cfg, seed) or 0.0,
-             "bigram": syntax_rate(bigram, data, prompts, cfg, seed) or 0.0}
+             "bigram": bigram_rate}
     return {"lstm_checkpoint": lstm_path.name, "rates": rates,
             **_checks(judge_syntax(rates, len(prompts), cfg.min_syntax_rate))}
 
 
 def _val_losses(run: Path) -> dict:
     return {r["step"]: r["val_loss"] for r in read_records(run / "metrics.jsonl") if "val_loss" in r}
-
-
-def _record(run: Path):
-    meta = run / "code-budget.json"
-    return json.loads(meta.read_text()) if meta.exists() else None
 
 
 def judge_runs(out: Path, data, cfg=CODE_FULL) -> dict:
@@ -97,23 +94,26 @@ def judge_runs(out: Path, data, cfg=CODE_FULL) -> dict:
     if lstms and len(lstms) != len(gpts):
         raise ValueError(f"{len(gpts)} GPT checkpoints but {len(lstms)} LSTM checkpoints in {out}: "
                          "the syntax claim pairs them by position")
-    bigram = BigramLM.from_ids(data.train_ids, data.tokenizer.vocab_size) if lstms else None
+    prompts = syntax_prompts(data, cfg, CODE_PRESETS[cfg.train.preset]["max_len"])      # the GPT's context
     gpt_val, lstm_val = _val_losses(gpt_dir), (_val_losses(lstm_dir) if lstms else {})
     rows = []
     with threads(cfg.train.threads):
+        if lstms:
+            bigram = BigramLM.from_ids(data.train_ids, data.tokenizer.vocab_size)
+            bigram_rate = syntax_rate(bigram, data, prompts, cfg) or 0.0
         for k, path in enumerate(gpts):
             step = int(path.name.split("-")[1])
             row = {"fraction": f"{k + 1}/{len(gpts)}", "step": step, "val_loss": gpt_val.get(step),
-                   **judge_checkpoint(path, data, cfg)}
+                   **judge_checkpoint(path, data, cfg, prompts=prompts)}
             if lstms:
                 lstm_step = int(lstms[k].name.split("-")[1])
                 row["syntax"] = {"lstm_step": lstm_step, "lstm_val_loss": lstm_val.get(lstm_step),
-                                 **judge_syntax_pair(row, lstms[k], data, bigram, cfg)}
+                                 **judge_syntax_pair(row, lstms[k], data, prompts, bigram_rate, cfg)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     last = rows[-1] if rows else {}
     verdict = {k: last[k]["passed"] for k in ("brackets", "def_use", "scope", "syntax") if k in last}
-    return {"runs": {"gpt": _record(gpt_dir), "lstm": _record(lstm_dir)}, "checkpoints": rows,
+    return {"runs": {"gpt": finished_record(gpt_dir), "lstm": finished_record(lstm_dir)}, "checkpoints": rows,
             "verdict": verdict,
             "machine": {**machine_info(), "command": " ".join(["python", "scripts/code_budget.py", *sys.argv[1:]])}}
 

@@ -452,7 +452,7 @@ def test_claim_runs_end_to_end(monkeypatch, tmp_path):
     data = SimpleNamespace(tokenizer=tok, heldout_half=lambda half: [(half, SOURCE)])
     models = SimpleNamespace(gpt=StubGPT(tok, max_len=len(SOURCE)), data=data, provenance=prov)
     monkeypatch.setattr(exp_code, "_models", lambda ctx, cfg: models)
-    monkeypatch.setattr(exp_code, "_SCOPE_STATS", {})
+    monkeypatch.setattr(exp_code, "_STATS", {})
     claim = exp_code.claim_code_scope(VerifyContext(quick=True, workdir=tmp_path))
     assert claim.id == "code-scope" and len(claim.checks) == 4 and claim.figure[:4] == b"\x89PNG"
     assert claim.measurement["layer"] == 0 and claim.measurement["head"] == 2

@@ -12,7 +12,7 @@ Example::
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 __all__ = ["renamed", "moved"]
 
@@ -30,16 +30,17 @@ def renamed(namespace: dict[str, Any], old_to_new: dict[str, str], module: str) 
     return __getattr__
 
 
-def moved(old_module: str, new: Any) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for a module whose contents moved to module ``new``: every name ``new`` has
-    is answered with ``new``'s own object and a DeprecationWarning naming its new home.
+def moved(old_module: str, new: Any, names: Optional[set[str]] = None) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for names that moved to module ``new`` (all of its names, or only ``names``):
+    each is answered with ``new``'s own object and a DeprecationWarning naming its new home.
 
     Example::
 
         __getattr__ = moved(__name__, attnlab.measure.timing)       # in the old attnlab/bench/timing.py
+        __getattr__ = moved(__name__, attnlab.measure.threads, {"threads"})     # one function moved out
     """
     def __getattr__(name: str) -> Any:
-        if not hasattr(new, name):
+        if (names is not None and name not in names) or not hasattr(new, name):
             raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
         warnings.warn(f"{old_module}.{name} is deprecated: it is now {new.__name__}.{name} (same object)",
                       DeprecationWarning, stacklevel=2)

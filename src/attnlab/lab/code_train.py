@@ -33,7 +33,7 @@ from ..measure.threads import threads
 from ..tasks.code import CODE_PRESETS, CodeData, make_code_task, prepare_code_data
 from ..tasks.code_models import BigramLM
 
-__all__ = ["CodeTrainConfig", "CodeModels", "calibrate", "train_code_model", "code_models"]
+__all__ = ["CodeTrainConfig", "CodeModels", "calibrate", "train_code_model", "finished_record", "code_models"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def calibrate(task, batch_size: int, lr: float, steps: int = 4) -> float:
     return (time.process_time() - t0) / steps
 
 
-def _done(out: Path) -> Optional[dict]:
+def finished_record(out: Path) -> Optional[dict]:
+    """The record a finished ``train_code_model`` run wrote into ``out`` (code-budget.json), else None."""
     meta = out / "code-budget.json"
     return json.loads(meta.read_text()) if meta.exists() else None
 
@@ -129,7 +130,7 @@ def code_models(cfg: CodeTrainConfig, workdir: Path) -> CodeModels:
     provenance, models, data = {}, {}, None
     for arch in ("gpt", "lstm"):
         out = Path(workdir) / f"code-{cfg.tag()}-{arch}"
-        record = _done(out)
+        record = finished_record(out)
         if record is not None and record["config"] == asdict(cfg) and record.get("steps_from", "budget") == "budget":
             provenance[arch] = {**record, "source": f"reused: finished run in {out}"}
         else:

@@ -74,7 +74,7 @@ CODE_QUICK = CodeClaimConfig(CodeTrainConfig("code-small", 1_500_000, 512, 120.0
                              min_bin_pairs=20, defuse_ratio=2.0, defuse_beats=0.6)
 
 _MODELS: dict = {}                 # (workdir, config) -> CodeModels: the three claims share one pair
-_STATS: dict = {}
+_STATS: dict = {}                  # (workdir, config, measure) -> that measure's held-out stats, both halves
 
 
 def _config(ctx: VerifyContext) -> CodeClaimConfig:
@@ -93,12 +93,15 @@ def _models(ctx: VerifyContext, cfg: CodeClaimConfig) -> CodeModels:
     return _MODELS[key]
 
 
-def _stats(ctx: VerifyContext, cfg: CodeClaimConfig, m: CodeModels) -> dict:
-    """Attention measurements of every head on the select half and the test half (computed once)."""
-    key = (str(ctx.workdir), cfg)
+def _stats(ctx: VerifyContext, cfg: CodeClaimConfig, m: CodeModels, measure=None) -> dict:
+    """``measure``'s (default ``held_out_stats``) measurements of every head on the select half and the test
+    half, computed once per models; those of other models are dropped."""
+    measure = measure or held_out_stats
+    key = (str(ctx.workdir), cfg, measure)
     if key not in _STATS:
-        _STATS.clear()
-        _STATS[key] = held_out_stats(m.gpt, m.data, cfg)
+        for old in [k for k in _STATS if k[:2] != key[:2]]:
+            del _STATS[old]
+        _STATS[key] = measure(m.gpt, m.data, cfg)
     return _STATS[key]
 
 
@@ -335,9 +338,6 @@ def claim_code_def_use(ctx: VerifyContext) -> Claim:
               "other position of the window (what a purely positional head would give).")
 
 
-_SCOPE_STATS: dict = {}            # (workdir, config) -> held_out_scope_stats
-
-
 def _scope_plot(s: dict, c: dict, layer: int, head: int) -> bytes:
     fig, ax = new_figure(1, width=5.6)
     x = np.arange(2)
@@ -354,11 +354,7 @@ def claim_code_scope(ctx: VerifyContext) -> Claim:
     """A head of the code GPT reads a name's use against the binding in its own scope."""
     cfg = _config(ctx)
     m = _models(ctx, cfg)
-    key = (str(ctx.workdir), cfg)
-    if key not in _SCOPE_STATS:
-        _SCOPE_STATS.clear()
-        _SCOPE_STATS[key] = held_out_scope_stats(m.gpt, m.data, cfg)
-    st = _SCOPE_STATS[key]
+    st = _stats(ctx, cfg, m, held_out_scope_stats)
     layer, head, s, c, checks = scope_verdict(st, cfg)
     test = st["test"]
     n = test["windows"]

@@ -88,8 +88,9 @@ def contact_models(cfg: ContactClaimConfig, workdir: Path) -> dict:
         for row in ("attention", "mean"):
             out = Path(workdir) / f"msa-{row}"
             done = out / "contact-claim.json"
-            if done.exists() and json.loads(done.read_text())["config"] == _jsonable(cfg):
-                provenance[row] = {**json.loads(done.read_text()), "source": f"reused: finished run in {out}"}
+            record = json.loads(done.read_text()) if done.exists() else None
+            if record is not None and record["config"] == _jsonable(cfg):
+                provenance[row] = {**record, "source": f"reused: finished run in {out}"}
             else:
                 _train(row, cfg, out)
                 steps = max(int(p.name.split("-")[1]) for p in out.glob("step-*"))

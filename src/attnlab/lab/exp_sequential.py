@@ -31,6 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from ..deprecation import moved
+from ..measure import threads as _threads_module
 from ..measure.threads import threads as _threads
 from ..measure.timing import time_interleaved
 from .claims import Check, Claim, VerifyContext
@@ -360,11 +362,6 @@ def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
 CLAIMS = [claim_sequential_critical_path, claim_sequential_wall_time]
 
 
-def __getattr__(name: str):
-    # threads() moved to attnlab.measure.threads (issue #29): it is measurement, not this experiment, and four
-    # other lab modules need it. The old import still works, with a DeprecationWarning.
-    if name != "threads":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__}.threads is deprecated: it is now attnlab.measure.threads.threads (same object)",
-                  DeprecationWarning, stacklevel=2)
-    return _threads
+# threads() moved to attnlab.measure.threads (issue #29): it is measurement, not this experiment, and four
+# other lab modules need it. The old import still works, with a DeprecationWarning.
+__getattr__ = moved(__name__, _threads_module, {"threads"})

@@ -9,8 +9,7 @@ each stands, and never mistakes a recorded result for one measured in this run.
 
 Example::
 
-    for r in LONG_EXPERIMENTS:
-        print(r.claim, r.date, "passed" if r.passed else "failed", r.command)
+    passed = {r.claim: r.passed for r in LONG_EXPERIMENTS}       # {"msa-contacts": True, "code-scope": None, ...}
 """
 from __future__ import annotations
 
