@@ -35,231 +35,326 @@ struct Grads {
   int64_t dbias_sl = 0;                       // table: row stride (0 when Lt = 1)
 };
 
+// Pointers and strides of one backward call.
 template <typename scalar_t>
-void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scalar_t* q, const int64_t* qs,
-                     const scalar_t* k, const int64_t* ks, const scalar_t* v, const int64_t* vs,
-                     const Grads<scalar_t>& g, const PackedKV* pk) {
+struct BackwardIO {
+  const scalar_t *q, *k, *v;
+  const int64_t *qs, *ks, *vs;                // (batch, head, row) strides
+  const Grads<scalar_t>& g;
+  const PackedKV* pk;                         // packed K and V, or nullptr (the BLAS path)
+};
+
+// One thread's share of the backward pass: its scratch, allocated once per call, and one (b, h) at a
+// time. Per query tile: plan (start_tile: dO's rows and the tile's operand layouts); per key chunk of
+// it: plan (plan_rows), products (scores: S = Q K^T), softmax (probabilities: P = exp(S - lse), then
+// dropped), products (value_products: dV, dP), the softmax's gradient (score_grads: dS and the bias
+// gradient), products (query_key_products: dQ, dK); then the write-back of dQ (finish_tile) and, on
+// AMX, of dK and dV (finish_head).
+template <typename scalar_t>
+class BackwardHead {
+ public:
   using acc_t = typename Acc<scalar_t>::type;
   using Vec = at::vec::Vectorized<acc_t>;
-  const int64_t VW = Vec::size();
-  const int64_t nq = pb.n_qtiles();
-  const acc_t alpha_qk = qk_alpha(pb);
-  const acc_t scale = static_cast<acc_t>(pb.scale);
-  constexpr bool same = std::is_same_v<scalar_t, acc_t>;
-  constexpr bool bf16 = std::is_same_v<scalar_t, at::BFloat16>, f32 = std::is_same_v<scalar_t, float>;
-  const bool amx = pk != nullptr && pk->amx, tiles16 = pk != nullptr && !amx;
-  const int64_t S16 = pk != nullptr ? pk->S16 : 0, half = bf16 && pk != nullptr ? (pb.BQ + 1) / 2 : 0;
-  const int64_t BQe = 2 * half;                                    // AMX: query rows rounded up to pairs
+  static constexpr bool kSame = std::is_same_v<scalar_t, acc_t>;
+  static constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>, kF32 = std::is_same_v<scalar_t, float>;
 
+  BackwardHead(const Problem<acc_t>& pb, const BackwardIO<scalar_t>& io)
+      : pb_(pb), io_(io), g_(io.g), amx_(io.pk != nullptr && io.pk->amx), tiles16_(io.pk != nullptr && !amx_),
+        S16_(io.pk != nullptr ? io.pk->S16 : 0), half_(kBf16 && io.pk != nullptr ? (pb.BQ + 1) / 2 : 0),
+        BQe_(2 * half_), scale_(static_cast<acc_t>(pb.scale)),
+        s_(pb.BQ * pb.BK), dp_(pb.BQ * pb.BK), th_(pb.softcap != 0.0 ? pb.BQ * pb.BK : 0),
+        pd_(pb.drop.p > 0.0 ? pb.BQ * pb.BK : 0), conv_(kSame ? 0 : pb.BQ * pb.BK), dq_(pb.BQ * pb.D),
+        dout_t_(pb.BQ * pb.Dv), rp_(pb.BQ),
+        opair_(half_ * pb.Dv), qpair_(half_ * pb.D), ppair_(half_ * pb.BK), dspair_(half_ * pb.BK),
+        dout_cols_(amx_ ? pb.Dv * BQe_ : 0), q_cols_(amx_ ? pb.D * BQe_ : 0), dv_cols_(amx_ ? pb.Dv * S16_ : 0),
+        dk_cols_(amx_ ? pb.D * S16_ : 0) {}
+
+  // The gradients of (b, h) = divmod(bh, H): its query tiles in order, each over the key chunks its rows
+  // may attend.
+  void run(int64_t bh) {
+    start_head(bh);
+    for (int64_t t = 0; t < pb_.n_qtiles(); ++t) {
+      start_tile(t);
+      const KeyWalk w = key_walk(pb_, b_, r0_, nr_, tiles16_, amx_);
+      for (int64_t c0 = w.klo; c0 < w.khi; c0 += pb_.BK) {
+        const int64_t c1 = std::min(c0 + pb_.BK, w.khi), nk = c1 - c0;
+        const int64_t ncols = io_.pk != nullptr ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
+        const int64_t ka = std::max<int64_t>(w.kfirst - c0, 0);              // the tile's first key in the chunk
+        bool all_full;
+        if (!plan_rows(pb_, b_, h_, r0_, nr_, c0, c1, rp_, all_full)) continue;
+        scores(c0, nk, ncols);
+        probabilities(c0, nk, ncols);
+        value_products(dropped(c0, ncols), c0, ka, nk, ncols);
+        score_grads(c0, ncols);
+        query_key_products(c0, ka, nk, ncols);
+      }
+      finish_tile();
+    }
+    finish_head();
+  }
+
+ private:
+  // Plan: the head's operands; AMX's transposed dK and dV cleared.
+  void start_head(int64_t bh) {
+    bh_ = bh;
+    b_ = bh / pb_.H;
+    h_ = bh % pb_.H;
+    const int64_t hk = h_ / pb_.G;
+    bhk_ = b_ * pb_.Hkv + hk;
+    kb_ = io_.k + b_ * io_.ks[0] + hk * io_.ks[1];
+    vb_ = io_.v + b_ * io_.vs[0] + hk * io_.vs[1];
+    dkb_ = g_.dk + bh * pb_.S * pb_.D;
+    dvb_ = g_.dv + bh * pb_.S * pb_.Dv;
+    std::fill(dv_cols_.begin(), dv_cols_.end(), acc_t(0));
+    std::fill(dk_cols_.begin(), dk_cols_.end(), acc_t(0));
+  }
+
+  // Plan: query tile t's rows of dO (contiguous), its lse and delta, dQ cleared, and the operands' layouts
+  // its products read (bfloat16 tiles: dO and Q as pairs of rows; AMX: dO^T and Q^T).
+  void start_tile(int64_t t) {
+    r0_ = t * pb_.BQ;
+    nr_ = std::min(pb_.BQ, pb_.L - r0_);
+    nre_ = (nr_ + 1) / 2 * 2;                                   // AMX: the rows' pairs
+    qt_ = io_.q + b_ * io_.qs[0] + h_ * io_.qs[1] + r0_ * io_.qs[2];
+    for (int64_t r = 0; r < nr_; ++r)
+      std::copy_n(g_.dout + b_ * g_.ds[0] + h_ * g_.ds[1] + (r0_ + r) * g_.ds[2], pb_.Dv, dout_t_.data() + r * pb_.Dv);
+    lse_ = g_.lse + bh_ * pb_.L + r0_;
+    delta_ = g_.delta + bh_ * pb_.L + r0_;
+    std::fill(dq_.begin(), dq_.begin() + nr_ * pb_.D, acc_t(0));
+    if constexpr (kBf16) {
+      if (tiles16_) {
+        pair_rows(dout_t_.data(), pb_.Dv, nr_, pb_.Dv, opair_.data());
+        pair_rows(qt_, io_.qs[2], nr_, pb_.D, qpair_.data());
+      }
+      if (amx_) {
+        transpose_rows(dout_t_.data(), pb_.Dv, nr_, BQe_, pb_.Dv, dout_cols_.data(), BQe_);
+        transpose_rows(qt_, io_.qs[2], nr_, BQe_, pb_.D, q_cols_.data(), BQe_);
+      }
+    }
+  }
+
+  // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX).
+  void scores(int64_t c0, int64_t nk, int64_t ncols) {
+    const PackedKV* pk = io_.pk;
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      if (tiles16_) {
+        rows_by_groups(qt_, io_.qs[2], nr_, pk->k_groups, bhk_, S16_, pb_.D, c0, ncols, qk_alpha(pb_), s_.data(),
+                       pb_.BK);
+        return;
+      }
+    }
+    if constexpr (kBf16) {
+      if (amx_) {
+        amx_gemm(nr_, ncols, pb_.D, qt_, io_.qs[2], amx_head(pk->k_cols, bhk_, pk->ld_cols, pb_.D) + c0, pk->ld_cols,
+                 s_.data(), pb_.BK, false);
+        return;
+      }
+    }
+    gemm(false, true, nr_, nk, pb_.D, qk_alpha(pb_), qt_, io_.qs[2], kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(0),
+         s_.data(), pb_.BK);
+  }
+
+  // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN).
+  void probabilities(int64_t c0, int64_t nk, int64_t ncols) {
+    const int64_t VW = Vec::size();
+    for (int64_t r = 0; r < nr_; ++r) {
+      acc_t* row = s_.data() + r * pb_.BK;
+      const int8_t kind = rp_.kind[r];
+      const acc_t lse_r = lse_[r];
+      if (kind == kEmpty || lse_r == -std::numeric_limits<acc_t>::infinity()) {
+        std::fill(row, row + ncols, acc_t(0));
+        rp_.kind[r] = kEmpty;
+        continue;
+      }
+      const int64_t a = rp_.a[r], e = rp_.e[r];
+      if (std::isnan(lse_r)) {                                   // exp_u20 would hide a NaN
+        std::fill(row, row + nk, lse_r);
+        std::fill(row + nk, row + ncols, acc_t(0));
+        continue;
+      }
+      if (amx_) {                                                // the scale brgemm did not apply
+        const Vec vs(scale_);
+        int64_t j = a;
+        for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
+        for (; j < e; ++j) row[j] *= scale_;
+      }
+      row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * pb_.BK);
+      const Vec vl(lse_r);
+      int64_t j = a;
+      for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
+      for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
+      std::fill(row, row + a, acc_t(0));
+      std::fill(row + e, row + ncols, acc_t(0));
+    }
+  }
+
+  // P with dropout applied (what multiplied V in the forward pass): P itself without dropout.
+  const acc_t* dropped(int64_t c0, int64_t ncols) {
+    if (pb_.drop.p == 0.0) return s_.data();
+    const acc_t inv = static_cast<acc_t>(pb_.drop.inv_keep);
+    for (int64_t r = 0; r < nr_; ++r) {
+      const uint64_t st = pb_.drop.row_state(static_cast<uint64_t>(bh_), static_cast<uint64_t>(r0_ + r));
+      for (int64_t j = 0; j < ncols; ++j)
+        pd_[r * pb_.BK + j] = pb_.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? s_[r * pb_.BK + j] * inv : acc_t(0);
+    }
+    return pd_.data();
+  }
+
+  // dV += Pd^T dO over the tile's keys in the chunk [c0 + ka, c0 + nk); dP = dO V^T.
+  void value_products(const acc_t* pv, int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
+    const PackedKV* pk = io_.pk;
+    if (tiles16_) {     // fp32 reads Pd's rows as they are; bfloat16 as pairs of rows
+      if constexpr (kF32) {
+        fp32_columns_by_rows(pv, pb_.BK, ka, nk, dout_t_.data(), pb_.Dv, pb_.Dv, nr_, 1.0f, dvb_ + (c0 + ka) * pb_.Dv,
+                             pb_.Dv);
+      } else if constexpr (kBf16) {
+        pair_rows(pv, pb_.BK, nr_, ncols, ppair_.data());
+        bf16_columns_by_pairs(ppair_.data(), ncols, ka, nk, opair_.data(), pb_.Dv, nr_, 1.0f,
+                              dvb_ + (c0 + ka) * pb_.Dv, pb_.Dv);
+      }
+      if constexpr (!std::is_same_v<scalar_t, double>)
+        rows_by_groups(dout_t_.data(), pb_.Dv, nr_, pk->v_groups, bhk_, S16_, pb_.Dv, c0, ncols, 1.0f, dp_.data(),
+                       pb_.BK);
+      return;
+    }
+    if constexpr (kBf16) {
+      if (amx_) {       // dV^T[:, c0 + ka : c0 + nk] += dO^T Pd
+        pair_rows(pv, pb_.BK, nr_, ncols, ppair_.data());
+        amx_gemm(pb_.Dv, nk - ka, nre_, dout_cols_.data(), BQe_, ppair_.data() + ka, ncols, dv_cols_.data() + c0 + ka,
+                 S16_, true);
+        amx_gemm(nr_, ncols, pb_.Dv, dout_t_.data(), pb_.Dv, amx_head(pk->v_cols, bhk_, pk->ld_cols, pb_.Dv) + c0,
+                 pk->ld_cols, dp_.data(), pb_.BK, false);
+        return;
+      }
+    }
+    gemm(true, false, nk, pb_.Dv, nr_, acc_t(1), as_input(pv, conv_.data(), nr_ * pb_.BK), pb_.BK, dout_t_.data(),
+         pb_.Dv, acc_t(1), dvb_ + c0 * pb_.Dv, pb_.Dv);
+    gemm(false, true, nr_, nk, pb_.Dv, acc_t(1), dout_t_.data(), pb_.Dv, vb_ + c0 * io_.vs[2], io_.vs[2], acc_t(0),
+         dp_.data(), pb_.BK);
+  }
+
+  // dS = P o (dP o Z / keep - delta), in dP's place; the bias gradient; then the softcap's derivative.
+  void score_grads(int64_t c0, int64_t ncols) {
+    const int64_t VW = Vec::size();
+    for (int64_t r = 0; r < nr_; ++r) {
+      acc_t* dsr = dp_.data() + r * pb_.BK;
+      const acc_t* pr = s_.data() + r * pb_.BK;
+      if (rp_.kind[r] == kEmpty) { std::fill(dsr, dsr + ncols, acc_t(0)); continue; }
+      const int64_t a = rp_.a[r], e = rp_.e[r], i = r0_ + r;
+      if (pb_.drop.p > 0.0) {
+        const uint64_t st = pb_.drop.row_state(static_cast<uint64_t>(bh_), static_cast<uint64_t>(i));
+        const acc_t inv = static_cast<acc_t>(pb_.drop.inv_keep);
+        for (int64_t j = a; j < e; ++j)
+          dsr[j] = pb_.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? dsr[j] * inv : acc_t(0);
+      }
+      const Vec vd(delta_[r]);
+      int64_t j = a;
+      for (; j + VW <= e; j += VW) (Vec::loadu(pr + j) * (Vec::loadu(dsr + j) - vd)).store(dsr + j);
+      for (; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - delta_[r]);
+      std::fill(dsr, dsr + a, acc_t(0));
+      std::fill(dsr + e, dsr + ncols, acc_t(0));
+      if (g_.dbias != nullptr && pb_.bias_kind == 1) {          // dense: dbias[b, h, i, c0 + j] = dS
+        acc_t* out = g_.dbias + (bh_ * pb_.L + i) * pb_.S + c0;
+        std::copy(dsr + a, dsr + e, out + a);
+      } else if (g_.dbias != nullptr && pb_.bias_kind == 2) {   // table: dT[idx(j - i)] += dS
+        acc_t* trow = g_.dbias + bh_ * (g_.dbias_sl ? pb_.L * g_.dbias_sl : pb_.tW) + i * g_.dbias_sl;
+        for (int64_t jj = a; jj < e; ++jj) {
+          const int64_t idx = std::min<int64_t>(std::max<int64_t>(c0 + jj - i + pb_.tc0, 0), pb_.tW - 1);
+          trow[idx] += dsr[jj];
+        }
+      }
+      if (!th_.empty()) {                                     // d softcap(x) / dx = 1 - tanh^2
+        const acc_t* tr = th_.data() + r * pb_.BK;
+        for (int64_t jj = a; jj < e; ++jj) dsr[jj] *= acc_t(1) - tr[jj] * tr[jj];
+      }
+    }
+  }
+
+  // dQ += scale dS K;  dK[c0 + ka : c0 + nk] += scale dS^T Q (the tile's keys only). On AMX dK is kept
+  // transposed and both scales wait for the write-back.
+  void query_key_products(int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
+    const PackedKV* pk = io_.pk;
+    const scalar_t* dsi = as_input(dp_.data(), conv_.data(), nr_ * pb_.BK);
+    if constexpr (kF32) {
+      if (tiles16_) {
+        fp32_rows_by_rows(dp_.data(), pb_.BK, nr_, kb_ + c0 * io_.ks[2], io_.ks[2], pb_.D, ka, nk, scale_, dq_.data(),
+                          pb_.D);
+        fp32_columns_by_rows(dp_.data(), pb_.BK, ka, nk, qt_, io_.qs[2], pb_.D, nr_, scale_, dkb_ + (c0 + ka) * pb_.D,
+                             pb_.D);
+        return;
+      }
+    } else if constexpr (kBf16) {
+      if (amx_) {       // dK^T[:, c0 + ka : c0 + nk] += Q^T dS
+        amx_gemm(nr_, pb_.D, ncols, dsi, pb_.BK, amx_head(pk->k_pairs, bhk_, S16_, pb_.D) + c0 / 2 * pb_.D, pb_.D,
+                 dq_.data(), pb_.D, true);
+        pair_rows(dp_.data(), pb_.BK, nr_, ncols, dspair_.data());
+        amx_gemm(pb_.D, nk - ka, nre_, q_cols_.data(), BQe_, dspair_.data() + ka, ncols, dk_cols_.data() + c0 + ka,
+                 S16_, true);
+        return;
+      }
+      if (tiles16_) {
+        bf16_rows_by_pairs(dsi, pb_.BK, nr_, pk->k_pairs, bhk_, S16_, pb_.D, c0, ka, nk, scale_, dq_.data(), pb_.D);
+        pair_rows(dp_.data(), pb_.BK, nr_, ncols, dspair_.data());
+        bf16_columns_by_pairs(dspair_.data(), ncols, ka, nk, qpair_.data(), pb_.D, nr_, scale_,
+                              dkb_ + (c0 + ka) * pb_.D, pb_.D);
+        return;
+      }
+    }
+    gemm(false, false, nr_, pb_.D, nk, scale_, dsi, pb_.BK, kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(1), dq_.data(),
+         pb_.D);
+    gemm(true, false, nk, pb_.D, nr_, scale_, dsi, pb_.BK, qt_, io_.qs[2], acc_t(1), dkb_ + c0 * pb_.D, pb_.D);
+  }
+
+  // Write-back of the tile's dQ (scaled here on AMX).
+  void finish_tile() {
+    if (amx_)
+      for (int64_t x = 0; x < nr_ * pb_.D; ++x) dq_[x] *= scale_;
+    std::copy_n(dq_.data(), nr_ * pb_.D, g_.dq + (bh_ * pb_.L + r0_) * pb_.D);
+  }
+
+  // Write-back of the head's dK and dV on AMX: dK = scale (dK^T)^T, dV = (dV^T)^T (elsewhere they were
+  // accumulated in place).
+  void finish_head() {
+    if (!amx_) return;
+    for (int64_t x = 0; x < pb_.D; ++x)
+      for (int64_t j = 0; j < pb_.S; ++j) dkb_[j * pb_.D + x] = scale_ * dk_cols_[x * S16_ + j];
+    for (int64_t x = 0; x < pb_.Dv; ++x)
+      for (int64_t j = 0; j < pb_.S; ++j) dvb_[j * pb_.Dv + x] = dv_cols_[x * S16_ + j];
+  }
+
+  const Problem<acc_t>& pb_;
+  const BackwardIO<scalar_t>& io_;
+  const Grads<scalar_t>& g_;
+  const bool amx_, tiles16_;
+  const int64_t S16_, half_, BQe_;                 // BQe_: AMX's query rows rounded up to pairs
+  const acc_t scale_;
+  std::vector<acc_t> s_, dp_;                      // (BQ, BK) P and dP -> dS
+  std::vector<acc_t> th_;                          // (BQ, BK) tanh of the softcap
+  std::vector<acc_t> pd_;                          // (BQ, BK) P with dropout
+  std::vector<scalar_t> conv_;                     // a (BQ, BK) buffer rounded for a GEMM
+  std::vector<acc_t> dq_;                          // (BQ, D) this tile's dQ
+  std::vector<scalar_t> dout_t_;                   // (BQ, Dv) dO rows, contiguous
+  RowPlan rp_;
+  std::vector<uint32_t> opair_, qpair_, ppair_, dspair_;   // bfloat16 tiles: dO, Q, P, dS as pairs of rows
+  // AMX: dO^T and Q^T of the tile (Dv x BQe, D x BQe), and this (b, h)'s dV^T, dK^T (Dv x S16, D x S16)
+  std::vector<scalar_t> dout_cols_, q_cols_;
+  std::vector<acc_t> dv_cols_, dk_cols_;
+  // the current head and tile
+  int64_t bh_ = 0, b_ = 0, h_ = 0, bhk_ = 0, r0_ = 0, nr_ = 0, nre_ = 0;
+  const scalar_t *kb_ = nullptr, *vb_ = nullptr, *qt_ = nullptr;
+  acc_t *dkb_ = nullptr, *dvb_ = nullptr;
+  const acc_t *lse_ = nullptr, *delta_ = nullptr;
+};
+
+// One parallel region over (batch, head).
+template <typename scalar_t>
+void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const BackwardIO<scalar_t>& io) {
+  const bool amx = io.pk != nullptr && io.pk->amx;
   at::parallel_for(0, pb.B * pb.H, 1, [&](int64_t begin, int64_t end) {
     const OneBlasThread one_blas_thread;                 // same sums at any thread count
     const AmxRelease amx_release(amx);
-    std::vector<acc_t> s(pb.BQ * pb.BK), dp(pb.BQ * pb.BK);     // (BQ, BK) P and dP -> dS
-    std::vector<acc_t> th(pb.softcap != 0.0 ? pb.BQ * pb.BK : 0);  // (BQ, BK) tanh of the softcap
-    std::vector<acc_t> pd(pb.drop.p > 0.0 ? pb.BQ * pb.BK : 0);    // (BQ, BK) P with dropout
-    std::vector<scalar_t> conv(same ? 0 : pb.BQ * pb.BK);          // a (BQ, BK) buffer rounded for a GEMM
-    std::vector<acc_t> dq(pb.BQ * pb.D);                           // (BQ, D) this tile's dQ
-    std::vector<scalar_t> dout_t(pb.BQ * pb.Dv);                   // (BQ, Dv) dO rows, contiguous
-    RowPlan rp(pb.BQ);
-    // bf16 tiles' operands: dO, Q, P, dS as pairs of rows
-    std::vector<uint32_t> opair(half * pb.Dv), qpair(half * pb.D), ppair(half * pb.BK), dspair(half * pb.BK);
-    // AMX: dO^T and Q^T of the tile (Dv x BQe, D x BQe), and this (b, h)'s dV^T, dK^T (Dv x S16, D x S16)
-    std::vector<scalar_t> dout_cols(amx ? pb.Dv * BQe : 0), q_cols(amx ? pb.D * BQe : 0);
-    std::vector<acc_t> dv_cols(amx ? pb.Dv * S16 : 0), dk_cols(amx ? pb.D * S16 : 0);
-
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / pb.H, h = bh % pb.H, hk = h / pb.G;
-      const scalar_t* kb = k + b * ks[0] + hk * ks[1];
-      const scalar_t* vb = v + b * vs[0] + hk * vs[1];
-      acc_t* dkb = g.dk + bh * pb.S * pb.D;
-      acc_t* dvb = g.dv + bh * pb.S * pb.Dv;
-      const int64_t bhk = b * pb.Hkv + hk;
-      std::fill(dv_cols.begin(), dv_cols.end(), acc_t(0));
-      std::fill(dk_cols.begin(), dk_cols.end(), acc_t(0));
-      for (int64_t t = 0; t < nq; ++t) {
-        const int64_t r0 = t * pb.BQ, nr = std::min(pb.BQ, pb.L - r0);
-        const scalar_t* qt = q + b * qs[0] + h * qs[1] + r0 * qs[2];
-        for (int64_t r = 0; r < nr; ++r)
-          std::copy_n(g.dout + b * g.ds[0] + h * g.ds[1] + (r0 + r) * g.ds[2], pb.Dv, dout_t.data() + r * pb.Dv);
-        const acc_t* lse = g.lse + bh * pb.L + r0;
-        const acc_t* delta = g.delta + bh * pb.L + r0;
-        std::fill(dq.begin(), dq.begin() + nr * pb.D, acc_t(0));
-        if constexpr (bf16) {
-          if (tiles16) {
-            pair_rows(dout_t.data(), pb.Dv, nr, pb.Dv, opair.data());
-            pair_rows(qt, qs[2], nr, pb.D, qpair.data());
-          }
-          if (amx) {
-            transpose_rows(dout_t.data(), pb.Dv, nr, BQe, pb.Dv, dout_cols.data(), BQe);
-            transpose_rows(qt, qs[2], nr, BQe, pb.D, q_cols.data(), BQe);
-          }
-        }
-        const int64_t nre = (nr + 1) / 2 * 2;                     // AMX: the rows' pairs
-
-        int64_t klo, khi;
-        tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, klo, khi);
-        const int64_t kfirst = klo;
-        if (tiles16) klo = klo / 16 * 16;                        // the tiles' key groups start on 16
-        if (amx) klo = klo / 2 * 2;                              // AMX: key pairs
-        for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
-          const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
-          const int64_t ncols = pk != nullptr ? (nk + 15) / 16 * 16 : nk;   // columns computed (0 past nk)
-          const int64_t ka = std::max<int64_t>(kfirst - c0, 0);      // this tile's first key in the chunk
-          bool all_full;
-          if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;
-          if constexpr (!std::is_same_v<scalar_t, double>) {
-            if (tiles16)
-              rows_by_groups(qt, qs[2], nr, pk->k_groups, bhk, S16, pb.D, c0, ncols, alpha_qk, s.data(), pb.BK);
-          }
-          if constexpr (bf16) {
-            if (amx)
-              amx_gemm(nr, ncols, pb.D, qt, qs[2], amx_head(pk->k_cols, bhk, pk->ld_cols, pb.D) + c0, pk->ld_cols,
-                       s.data(), pb.BK, false);
-          }
-          if (pk == nullptr)
-            gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), pb.BK);
-          // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN)
-          for (int64_t r = 0; r < nr; ++r) {
-            acc_t* row = s.data() + r * pb.BK;
-            const int8_t kind = rp.kind[r];
-            const acc_t lse_r = lse[r];
-            if (kind == kEmpty || lse_r == -std::numeric_limits<acc_t>::infinity()) {
-              std::fill(row, row + ncols, acc_t(0));
-              rp.kind[r] = kEmpty;
-              continue;
-            }
-            const int64_t a = rp.a[r], e = rp.e[r];
-            if (std::isnan(lse_r)) {                                   // exp_u20 would hide a NaN
-              std::fill(row, row + nk, lse_r);
-              std::fill(row + nk, row + ncols, acc_t(0));
-              continue;
-            }
-            if (amx) {                                               // the scale brgemm did not apply
-              const Vec vs(scale);
-              int64_t j = a;
-              for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
-              for (; j < e; ++j) row[j] *= scale;
-            }
-            row_logits(pb, b, h, r0 + r, c0, kind, a, e, row, th.empty() ? nullptr : th.data() + r * pb.BK);
-            const Vec vl(lse_r);
-            int64_t j = a;
-            for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
-            for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
-            std::fill(row, row + a, acc_t(0));
-            std::fill(row + e, row + ncols, acc_t(0));
-          }
-          // P with dropout applied (what multiplied V in the forward pass)
-          const acc_t* pv = s.data();
-          if (pb.drop.p > 0.0) {
-            const acc_t inv = static_cast<acc_t>(pb.drop.inv_keep);
-            for (int64_t r = 0; r < nr; ++r) {
-              const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(bh), static_cast<uint64_t>(r0 + r));
-              for (int64_t j = 0; j < ncols; ++j)
-                pd[r * pb.BK + j] = pb.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? s[r * pb.BK + j] * inv : acc_t(0);
-            }
-            pv = pd.data();
-          }
-          if (tiles16) {     // dV[c0 + ka : c1] += Pd^T dO (fp32 reads the rows as they are);  dP = dO V^T
-            if constexpr (f32) {
-              fp32_columns_by_rows(pv, pb.BK, ka, nk, dout_t.data(), pb.Dv, pb.Dv, nr, 1.0f, dvb + (c0 + ka) * pb.Dv,
-                                   pb.Dv);
-            } else if constexpr (bf16) {
-              pair_rows(pv, pb.BK, nr, ncols, ppair.data());
-              bf16_columns_by_pairs(ppair.data(), ncols, ka, nk, opair.data(), pb.Dv, nr, 1.0f, dvb + (c0 + ka) * pb.Dv,
-                                    pb.Dv);
-            }
-            if constexpr (!std::is_same_v<scalar_t, double>)
-              rows_by_groups(dout_t.data(), pb.Dv, nr, pk->v_groups, bhk, S16, pb.Dv, c0, ncols, 1.0f, dp.data(), pb.BK);
-          }
-          if constexpr (bf16) {
-            if (amx) {     // dV^T[:, c0 + ka : c1] += dO^T Pd;  dP = dO V^T
-              pair_rows(pv, pb.BK, nr, ncols, ppair.data());
-              amx_gemm(pb.Dv, nk - ka, nre, dout_cols.data(), BQe, ppair.data() + ka, ncols, dv_cols.data() + c0 + ka,
-                       S16, true);
-              amx_gemm(nr, ncols, pb.Dv, dout_t.data(), pb.Dv, amx_head(pk->v_cols, bhk, pk->ld_cols, pb.Dv) + c0,
-                       pk->ld_cols, dp.data(), pb.BK, false);
-            }
-          }
-          if (pk == nullptr) {
-            // dV[c0:c1] += Pd^T dO
-            gemm(true, false, nk, pb.Dv, nr, acc_t(1), as_input(pv, conv.data(), nr * pb.BK), pb.BK, dout_t.data(),
-                 pb.Dv, acc_t(1), dvb + c0 * pb.Dv, pb.Dv);
-            // dP = dO V^T
-            gemm(false, true, nr, nk, pb.Dv, acc_t(1), dout_t.data(), pb.Dv, vb + c0 * vs[2], vs[2], acc_t(0),
-                 dp.data(), pb.BK);
-          }
-          // dS = P o (dP o Z / keep - delta), then the softcap's derivative; bias gradients
-          for (int64_t r = 0; r < nr; ++r) {
-            acc_t* dsr = dp.data() + r * pb.BK;
-            const acc_t* pr = s.data() + r * pb.BK;
-            if (rp.kind[r] == kEmpty) { std::fill(dsr, dsr + ncols, acc_t(0)); continue; }
-            const int64_t a = rp.a[r], e = rp.e[r], i = r0 + r;
-            if (pb.drop.p > 0.0) {
-              const uint64_t st = pb.drop.row_state(static_cast<uint64_t>(bh), static_cast<uint64_t>(i));
-              const acc_t inv = static_cast<acc_t>(pb.drop.inv_keep);
-              for (int64_t j = a; j < e; ++j)
-                dsr[j] = pb.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? dsr[j] * inv : acc_t(0);
-            }
-            const Vec vd(delta[r]);
-            int64_t j = a;
-            for (; j + VW <= e; j += VW) (Vec::loadu(pr + j) * (Vec::loadu(dsr + j) - vd)).store(dsr + j);
-            for (; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
-            std::fill(dsr, dsr + a, acc_t(0));
-            std::fill(dsr + e, dsr + ncols, acc_t(0));
-            if (g.dbias != nullptr && pb.bias_kind == 1) {          // dense: dbias[b, h, i, c0 + j] = dS
-              acc_t* out = g.dbias + (bh * pb.L + i) * pb.S + c0;
-              std::copy(dsr + a, dsr + e, out + a);
-            } else if (g.dbias != nullptr && pb.bias_kind == 2) {   // table: dT[idx(j - i)] += dS
-              acc_t* trow = g.dbias + bh * (g.dbias_sl ? pb.L * g.dbias_sl : pb.tW) + i * g.dbias_sl;
-              for (int64_t jj = a; jj < e; ++jj) {
-                int64_t idx = std::min<int64_t>(std::max<int64_t>(c0 + jj - i + pb.tc0, 0), pb.tW - 1);
-                trow[idx] += dsr[jj];
-              }
-            }
-            if (!th.empty()) {                                     // d softcap(x) / dx = 1 - tanh^2
-              const acc_t* tr = th.data() + r * pb.BK;
-              for (int64_t jj = a; jj < e; ++jj) dsr[jj] *= acc_t(1) - tr[jj] * tr[jj];
-            }
-          }
-          const scalar_t* dsi = as_input(dp.data(), conv.data(), nr * pb.BK);
-          if constexpr (f32) {
-            if (tiles16) {   // dQ += scale dS K;  dK[c0 + ka : c1] += scale dS^T Q (keys [kfirst, c1) only)
-              fp32_rows_by_rows(dp.data(), pb.BK, nr, kb + c0 * ks[2], ks[2], pb.D, ka, nk, scale, dq.data(), pb.D);
-              fp32_columns_by_rows(dp.data(), pb.BK, ka, nk, qt, qs[2], pb.D, nr, scale, dkb + (c0 + ka) * pb.D, pb.D);
-              continue;
-            }
-          } else if constexpr (bf16) {
-            if (amx) {       // dQ += dS K (scaled per tile);  dK^T[:, c0 + ka : c1] += Q^T dS (scaled per (b, h))
-              amx_gemm(nr, pb.D, ncols, dsi, pb.BK, amx_head(pk->k_pairs, bhk, S16, pb.D) + c0 / 2 * pb.D, pb.D,
-                       dq.data(), pb.D, true);
-              pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
-              amx_gemm(pb.D, nk - ka, nre, q_cols.data(), BQe, dspair.data() + ka, ncols, dk_cols.data() + c0 + ka, S16,
-                       true);
-              continue;
-            }
-            if (tiles16) {   // dQ += scale dS K;  dK[c0 + ka : c1] += scale dS^T Q (keys [kfirst, c1) only)
-              bf16_rows_by_pairs(dsi, pb.BK, nr, pk->k_pairs, bhk, S16, pb.D, c0, ka, nk, scale, dq.data(), pb.D);
-              pair_rows(dp.data(), pb.BK, nr, ncols, dspair.data());
-              bf16_columns_by_pairs(dspair.data(), ncols, ka, nk, qpair.data(), pb.D, nr, scale, dkb + (c0 + ka) * pb.D,
-                                    pb.D);
-              continue;
-            }
-          }
-          // dQ += scale dS K;  dK[c0:c1] += scale dS^T Q
-          gemm(false, false, nr, pb.D, nk, scale, dsi, pb.BK, kb + c0 * ks[2], ks[2], acc_t(1), dq.data(), pb.D);
-          gemm(true, false, nk, pb.D, nr, scale, dsi, pb.BK, qt, qs[2], acc_t(1), dkb + c0 * pb.D, pb.D);
-        }
-        if (amx)
-          for (int64_t x = 0; x < nr * pb.D; ++x) dq[x] *= scale;
-        std::copy_n(dq.data(), nr * pb.D, g.dq + (bh * pb.L + r0) * pb.D);
-      }
-      if (amx) {                       // dK = scale (dK^T)^T, dV = (dV^T)^T
-        for (int64_t x = 0; x < pb.D; ++x)
-          for (int64_t j = 0; j < pb.S; ++j) dkb[j * pb.D + x] = scale * dk_cols[x * S16 + j];
-        for (int64_t x = 0; x < pb.Dv; ++x)
-          for (int64_t j = 0; j < pb.S; ++j) dvb[j * pb.Dv + x] = dv_cols[x * S16 + j];
-      }
-    }
+    BackwardHead<scalar_t> head(pb, io);
+    for (int64_t bh = begin; bh < end; ++bh) head.run(bh);
   });
 }
 
@@ -295,8 +390,8 @@ void run_backward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Ten
       pk = &packed;
     }
   }
-  backward_kernel<scalar_t>(pb, q.data_ptr<scalar_t>(), qs, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, g,
-                            pk);
+  const BackwardIO<scalar_t> io{q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), qs, ks, vs, g, pk};
+  backward_kernel<scalar_t>(pb, io);
 }
 
 template void run_backward<float>(const Problem<float>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

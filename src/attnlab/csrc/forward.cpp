@@ -109,112 +109,174 @@ void softmax_row_bf16(const Problem<float>& pb, int64_t b, int64_t h, int64_t r0
   }
 }
 
+// Pointers and (batch, head, row) strides of one forward call.
 template <typename scalar_t>
-void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const scalar_t* q, const int64_t* qs,
-                    const scalar_t* k, const int64_t* ks, const scalar_t* v, const int64_t* vs, scalar_t* out,
-                    const int64_t* os, typename Acc<scalar_t>::type* lse, const PackedKV* pk) {
+struct ForwardIO {
   using acc_t = typename Acc<scalar_t>::type;
-  const int64_t nq = pb.n_qtiles();
-  const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
-  const acc_t alpha_qk = qk_alpha(pb);
-  // On the micro-kernel (float32, bfloat16; microkernel.h): K comes packed in groups of 16 keys (and V
-  // in key pairs for bfloat16), so key chunks start on a multiple of 16 and S = Q K^T spans whole
-  // groups (ncols); O += P V reads only the tile's keys [kfirst, khi).
-  // On AMX (bfloat16; amx.h): K^T is packed as columns, so a chunk may start at any even key (V is read
-  // as key pairs); brgemm has no alpha, so the scale is applied in the softmax pass.
-  const bool tiles16 = pk != nullptr && !pk->amx, amx = pk != nullptr && pk->amx;
-  // Row stride of the score and probability blocks: on AMX 16 past BK, so that rows 2 KB apart (BK = 512
-  // floats) do not share L1 sets; brgemm writes and the softmax reads them a row at a time.
-  const int64_t lds = amx ? pb.BK + 16 : pb.BK;
+  const scalar_t *q, *k, *v;
+  scalar_t* out;
+  acc_t* lse;                                           // (B, H, L)
+  const int64_t *qs, *ks, *vs, *os;
+  const PackedKV* pk;                                   // packed K and V, or nullptr (the BLAS path)
+};
 
-  at::parallel_for(0, pb.B * pb.H * nq, 1, [&](int64_t begin, int64_t end) {
-    const OneBlasThread one_blas_thread;                 // same sums at any thread count
-    const AmxRelease amx_release(amx);
-    // Per-thread scratch, allocated once per call.
-    std::vector<acc_t> s(pb.BQ * lds);                   // (BQ, BK) logits, then probabilities (row stride lds)
-    std::vector<scalar_t> p_in(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * lds);   // P rounded for the GEMM
-    std::vector<acc_t> o(pb.BQ * pb.Dv);                 // (BQ, Dv) unnormalized output
-    std::vector<acc_t> m(pb.BQ), l(pb.BQ);               // running max and sum per row
-    RowPlan rp(pb.BQ);
+// One thread's share of the forward pass: its scratch, allocated once per call, and one query tile
+// at a time, in four phases per key chunk: plan (plan_rows), products (scores: S = Q K^T), softmax
+// update (softmax: m, l, o rescaled, P), products again (accumulate: O += P V); then write_back.
+//
+// On the micro-kernel (float32, bfloat16; microkernel.h) K comes packed in groups of 16 keys (and V
+// in key pairs for bfloat16), so key chunks start on a multiple of 16 and S = Q K^T spans whole
+// groups (ncols); O += P V reads only the tile's keys [kfirst, khi).
+// On AMX (bfloat16; amx.h) K^T is packed as columns, so a chunk may start at any even key (V is read
+// as key pairs); brgemm has no alpha, so the scale is applied in the softmax pass.
+template <typename scalar_t>
+class ForwardTiles {
+ public:
+  using acc_t = typename Acc<scalar_t>::type;
 
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t b = unit / (pb.H * nq), h = (unit / nq) % pb.H, t = unit % nq;
-      const int64_t hk = h / pb.G, bhk = b * pb.Hkv + hk;
-      const int64_t r0 = t * pb.BQ, nr = std::min(pb.BQ, pb.L - r0);
-      const scalar_t* qt = q + b * qs[0] + h * qs[1] + r0 * qs[2];
-      const scalar_t* kb = k + b * ks[0] + hk * ks[1];
-      const scalar_t* vb = v + b * vs[0] + hk * vs[1];
-      std::fill(o.begin(), o.begin() + nr * pb.Dv, acc_t(0));
-      std::fill(m.begin(), m.begin() + nr, ninf);
-      std::fill(l.begin(), l.begin() + nr, acc_t(0));
+  ForwardTiles(const Problem<acc_t>& pb, const ForwardIO<scalar_t>& io)
+      : pb_(pb), io_(io), tiles16_(io.pk != nullptr && !io.pk->amx), amx_(io.pk != nullptr && io.pk->amx),
+        // Row stride of the score and probability blocks: on AMX 16 past BK, so that rows 2 KB apart (BK =
+        // 512 floats) do not share L1 sets; brgemm writes and the softmax reads them a row at a time.
+        lds_(amx_ ? pb.BK + 16 : pb.BK),
+        s_(pb.BQ * lds_), p_in_(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * lds_), o_(pb.BQ * pb.Dv), m_(pb.BQ),
+        l_(pb.BQ), rp_(pb.BQ) {}
 
-      int64_t klo, khi;
-      tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, klo, khi);
-      const int64_t kfirst = klo;
-      if (tiles16) klo = klo / 16 * 16;
-      if (amx) klo = klo / 2 * 2;                          // key pairs
-      for (int64_t c0 = klo; c0 < khi; c0 += pb.BK) {
-        const int64_t c1 = std::min(c0 + pb.BK, khi), nk = c1 - c0;
-        const int64_t ncols = tiles16 ? (nk + 15) / 16 * 16 : amx ? (nk + 1) / 2 * 2 : nk;
-        bool all_full;
-        if (!plan_rows(pb, b, h, r0, nr, c0, c1, rp, all_full)) continue;       // an EMPTY block
-        if constexpr (!std::is_same_v<scalar_t, double>) {
-          if (tiles16)
-            rows_by_groups(qt, qs[2], nr, pk->k_groups, b * pb.Hkv + hk, pk->S16, pb.D, c0, ncols, alpha_qk, s.data(),
-                           lds);
-        }
-        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-          if (amx)
-            amx_gemm(nr, ncols, pb.D, qt, qs[2], amx_head(pk->k_cols, bhk, pk->ld_cols, pb.D) + c0, pk->ld_cols, s.data(),
-                     lds, false);
-        }
-        if (!tiles16 && !amx)
-          gemm(false, true, nr, nk, pb.D, alpha_qk, qt, qs[2], kb + c0 * ks[2], ks[2], acc_t(0), s.data(), lds);
+  // The query tile `unit` (over B x H x query tiles): every key chunk its rows may attend, then its rows
+  // of out and lse.
+  void run(int64_t unit) {
+    start(unit);
+    const KeyWalk w = key_walk(pb_, b_, r0_, nr_, tiles16_, amx_);
+    for (int64_t c0 = w.klo; c0 < w.khi; c0 += pb_.BK) {
+      const int64_t c1 = std::min(c0 + pb_.BK, w.khi), nk = c1 - c0;
+      const int64_t ncols = tiles16_ ? (nk + 15) / 16 * 16 : amx_ ? (nk + 1) / 2 * 2 : nk;
+      bool all_full;
+      if (!plan_rows(pb_, b_, h_, r0_, nr_, c0, c1, rp_, all_full)) continue;       // an EMPTY block
+      scores(c0, nk, ncols);
+      softmax(c0, ncols);
+      accumulate(c0, std::max<int64_t>(w.kfirst - c0, 0), nk, ncols);
+    }
+    write_back();
+  }
 
-        for (int64_t r = 0; r < nr; ++r) {
-          if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-            if (amx) {
-              softmax_row_bf16(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * lds, m.data(), l.data(), o.data(),
-                               alpha_qk, p_in.data() + r * lds);
-              continue;
-            }
-          }
-          softmax_row(pb, b, h, r0, r, c0, ncols, rp, s.data() + r * lds, m.data(), l.data(), o.data(), acc_t(1));
-          if (tiles16 && !std::is_same_v<scalar_t, acc_t>)
-            at::vec::convert(s.data() + r * lds, p_in.data() + r * lds, ncols);
-        }
-        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-          if (amx) {     // O += P V over the chunk's key pairs (P is 0 outside each row's keys; see pack_for_amx)
-            amx_gemm(nr, pb.Dv, ncols, p_in.data(), lds, amx_head(pk->v_pairs, bhk, pk->S16, pb.Dv) + c0 / 2 * pb.Dv,
-                     pb.Dv, o.data(), pb.Dv, true);
-            continue;
-          }
-          if (tiles16) {
-            bf16_rows_by_pairs(p_in.data(), lds, nr, pk->v_pairs, b * pb.Hkv + hk, pk->S16, pb.Dv, c0,
-                                 std::max<int64_t>(kfirst - c0, 0), nk, 1.0f, o.data(), pb.Dv);
-            continue;
-          }
-        } else if constexpr (std::is_same_v<scalar_t, float>) {
-          if (tiles16) {
-            fp32_rows_by_rows(s.data(), lds, nr, vb + c0 * vs[2], vs[2], pb.Dv, std::max<int64_t>(kfirst - c0, 0),
-                              nk, 1.0f, o.data(), pb.Dv);
-            continue;
-          }
-        }
-        const scalar_t* p = as_input(s.data(), p_in.data(), nr * lds);
-        gemm(false, false, nr, pb.Dv, nk, acc_t(1), p, lds, vb + c0 * vs[2], vs[2], acc_t(1), o.data(), pb.Dv);
-      }
-      // out = o / l; lse = m + log l; rows that saw nothing: 0 and -inf
-      for (int64_t r = 0; r < nr; ++r) {
-        scalar_t* orow = out + b * os[0] + h * os[1] + (r0 + r) * os[2];
-        const acc_t* acc = o.data() + r * pb.Dv;
-        const bool seen = l[r] > acc_t(0);
-        const acc_t inv = seen ? acc_t(1) / l[r] : acc_t(0);
-        for (int64_t d = 0; d < pb.Dv; ++d) orow[d] = static_cast<scalar_t>(acc[d] * inv);
-        lse[(b * pb.H + h) * pb.L + r0 + r] =
-            seen ? static_cast<acc_t>(m[r] + std::log(l[r])) : ninf;
+ private:
+  // Plan: the tile's coordinates and operands; its accumulators cleared.
+  void start(int64_t unit) {
+    const int64_t nq = pb_.n_qtiles();
+    b_ = unit / (pb_.H * nq);
+    h_ = (unit / nq) % pb_.H;
+    r0_ = unit % nq * pb_.BQ;
+    nr_ = std::min(pb_.BQ, pb_.L - r0_);
+    const int64_t hk = h_ / pb_.G;
+    bhk_ = b_ * pb_.Hkv + hk;
+    qt_ = io_.q + b_ * io_.qs[0] + h_ * io_.qs[1] + r0_ * io_.qs[2];
+    kb_ = io_.k + b_ * io_.ks[0] + hk * io_.ks[1];
+    vb_ = io_.v + b_ * io_.vs[0] + hk * io_.vs[1];
+    std::fill(o_.begin(), o_.begin() + nr_ * pb_.Dv, acc_t(0));
+    std::fill(m_.begin(), m_.begin() + nr_, -std::numeric_limits<acc_t>::infinity());
+    std::fill(l_.begin(), l_.begin() + nr_, acc_t(0));
+  }
+
+  // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX).
+  void scores(int64_t c0, int64_t nk, int64_t ncols) {
+    const PackedKV* pk = io_.pk;
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      if (tiles16_) {
+        rows_by_groups(qt_, io_.qs[2], nr_, pk->k_groups, bhk_, pk->S16, pb_.D, c0, ncols, qk_alpha(pb_), s_.data(),
+                       lds_);
+        return;
       }
     }
+    if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+      if (amx_) {
+        amx_gemm(nr_, ncols, pb_.D, qt_, io_.qs[2], amx_head(pk->k_cols, bhk_, pk->ld_cols, pb_.D) + c0, pk->ld_cols,
+                 s_.data(), lds_, false);
+        return;
+      }
+    }
+    gemm(false, true, nr_, nk, pb_.D, qk_alpha(pb_), qt_, io_.qs[2], kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(0),
+         s_.data(), lds_);
+  }
+
+  // The online softmax over the chunk, row by row: m, l and o's rows updated, S turned into P (rounded
+  // to the input type where the next product reads it so).
+  void softmax(int64_t c0, int64_t ncols) {
+    for (int64_t r = 0; r < nr_; ++r) {
+      acc_t* row = s_.data() + r * lds_;
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+        if (amx_) {
+          softmax_row_bf16(pb_, b_, h_, r0_, r, c0, ncols, rp_, row, m_.data(), l_.data(), o_.data(), qk_alpha(pb_),
+                           p_in_.data() + r * lds_);
+          continue;
+        }
+      }
+      softmax_row(pb_, b_, h_, r0_, r, c0, ncols, rp_, row, m_.data(), l_.data(), o_.data(), acc_t(1));
+      if (tiles16_ && !std::is_same_v<scalar_t, acc_t>) at::vec::convert(row, p_in_.data() + r * lds_, ncols);
+    }
+  }
+
+  // O += P V over the chunk (ka: the tile's first key in it; P is 0 outside each row's keys).
+  void accumulate(int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
+    const PackedKV* pk = io_.pk;
+    if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+      if (amx_) {      // over the chunk's key pairs (see pack_for_amx)
+        amx_gemm(nr_, pb_.Dv, ncols, p_in_.data(), lds_, amx_head(pk->v_pairs, bhk_, pk->S16, pb_.Dv) + c0 / 2 * pb_.Dv,
+                 pb_.Dv, o_.data(), pb_.Dv, true);
+        return;
+      }
+      if (tiles16_) {
+        bf16_rows_by_pairs(p_in_.data(), lds_, nr_, pk->v_pairs, bhk_, pk->S16, pb_.Dv, c0, ka, nk, 1.0f, o_.data(),
+                           pb_.Dv);
+        return;
+      }
+    } else if constexpr (std::is_same_v<scalar_t, float>) {
+      if (tiles16_) {
+        fp32_rows_by_rows(s_.data(), lds_, nr_, vb_ + c0 * io_.vs[2], io_.vs[2], pb_.Dv, ka, nk, 1.0f, o_.data(),
+                          pb_.Dv);
+        return;
+      }
+    }
+    const scalar_t* p = as_input(s_.data(), p_in_.data(), nr_ * lds_);
+    gemm(false, false, nr_, pb_.Dv, nk, acc_t(1), p, lds_, vb_ + c0 * io_.vs[2], io_.vs[2], acc_t(1), o_.data(),
+         pb_.Dv);
+  }
+
+  // Write-back: out = o / l and lse = m + log l; rows that saw nothing get 0 and -inf.
+  void write_back() {
+    for (int64_t r = 0; r < nr_; ++r) {
+      scalar_t* orow = io_.out + b_ * io_.os[0] + h_ * io_.os[1] + (r0_ + r) * io_.os[2];
+      const acc_t* acc = o_.data() + r * pb_.Dv;
+      const bool seen = l_[r] > acc_t(0);
+      const acc_t inv = seen ? acc_t(1) / l_[r] : acc_t(0);
+      for (int64_t d = 0; d < pb_.Dv; ++d) orow[d] = static_cast<scalar_t>(acc[d] * inv);
+      io_.lse[(b_ * pb_.H + h_) * pb_.L + r0_ + r] =
+          seen ? static_cast<acc_t>(m_[r] + std::log(l_[r])) : -std::numeric_limits<acc_t>::infinity();
+    }
+  }
+
+  const Problem<acc_t>& pb_;
+  const ForwardIO<scalar_t>& io_;
+  const bool tiles16_, amx_;
+  const int64_t lds_;
+  std::vector<acc_t> s_;           // (BQ, BK) logits, then probabilities (row stride lds_)
+  std::vector<scalar_t> p_in_;     // P rounded for the product with V
+  std::vector<acc_t> o_;           // (BQ, Dv) unnormalized output
+  std::vector<acc_t> m_, l_;       // running max and sum per row
+  RowPlan rp_;
+  // the current tile
+  int64_t b_ = 0, h_ = 0, bhk_ = 0, r0_ = 0, nr_ = 0;
+  const scalar_t *qt_ = nullptr, *kb_ = nullptr, *vb_ = nullptr;
+};
+
+// One parallel region over (batch, head, query tile).
+template <typename scalar_t>
+void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const ForwardIO<scalar_t>& io) {
+  const bool amx = io.pk != nullptr && io.pk->amx;
+  at::parallel_for(0, pb.B * pb.H * pb.n_qtiles(), 1, [&](int64_t begin, int64_t end) {
+    const OneBlasThread one_blas_thread;                 // same sums at any thread count
+    const AmxRelease amx_release(amx);
+    ForwardTiles<scalar_t> tiles(pb, io);
+    for (int64_t unit = begin; unit < end; ++unit) tiles.run(unit);
   });
 }
 
@@ -237,8 +299,10 @@ void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tens
       pk = &packed;
     }
   }
-  forward_kernel<scalar_t>(pb, q.data_ptr<scalar_t>(), qs, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs,
-                           out.data_ptr<scalar_t>(), os, lse.data_ptr<typename Acc<scalar_t>::type>(), pk);
+  const ForwardIO<scalar_t> io{q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                               out.data_ptr<scalar_t>(), lse.data_ptr<typename Acc<scalar_t>::type>(), qs, ks, vs, os,
+                               pk};
+  forward_kernel<scalar_t>(pb, io);
 }
 
 template void run_forward<float>(const Problem<float>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

@@ -160,6 +160,23 @@ inline void tile_key_range(const Problem<acc_t>& pb, int64_t b, int64_t r0, int6
   }
 }
 
+// The key chunks one query tile walks: from klo to khi in steps of BK, klo rounded down to where the
+// packed operands' groups start (16 keys on the micro-kernel's tiles, key pairs on AMX); kfirst is the
+// tile's own first key (products on packed operands may start before it, with weight 0 there).
+struct KeyWalk {
+  int64_t klo, khi, kfirst;
+};
+
+template <typename acc_t>
+inline KeyWalk key_walk(const Problem<acc_t>& pb, int64_t b, int64_t r0, int64_t nr, bool tiles16, bool amx) {
+  KeyWalk w{};
+  tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, w.klo, w.khi);
+  w.kfirst = w.klo;
+  if (tiles16) w.klo = w.klo / 16 * 16;
+  if (amx) w.klo = w.klo / 2 * 2;
+  return w;
+}
+
 // Classify the rows of one block; returns false when every row is EMPTY (skip the block) and sets
 // all_full when no row needs mask work.
 template <typename acc_t>
