@@ -152,6 +152,17 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
     Example:
         uvicorn.run(create_app(max_chars=300), host="127.0.0.1", port=8000)
     """
+    _check_settings(max_chars, allowed_hosts, max_computing, body_timeout_s)
+    app = FastAPI(title="attnlab lab", docs_url=None, redoc_url=None, openapi_url=None)
+    _guard(app, max_chars, allowed_hosts, max_computing, body_timeout_s)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.include_router(lesson_router())          # /lesson: the page that teaches self-attention (web.lesson)
+    _lab_routes(app, max_chars)
+    return app
+
+
+def _check_settings(max_chars, allowed_hosts, max_computing, body_timeout_s) -> None:
+    """ValueError naming the setting and its value, for each of create_app's arguments."""
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
         raise ValueError(f"max_chars must be a positive int, got {max_chars!r}")
     if isinstance(allowed_hosts, str) or not allowed_hosts or "*" in allowed_hosts:
@@ -161,16 +172,21 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
     if isinstance(body_timeout_s, bool) or not isinstance(body_timeout_s, (int, float)) \
             or not 0 < body_timeout_s < math.inf:
         raise ValueError(f"body_timeout_s must be a positive number of seconds, got {body_timeout_s!r}")
+
+
+def _guard(app: FastAPI, max_chars: int, allowed_hosts: Sequence[str], max_computing: int,
+           body_timeout_s: float) -> None:
+    """The middleware, outermost last: security headers, then the Host check, then the POST guard."""
     body_limit = 4 * max_chars + 4096        # JSON escapes and the other fields: generous, still bounded
-    app = FastAPI(title="attnlab lab", docs_url=None, redoc_url=None, openapi_url=None)
     # Added before the Host check, so it runs after it: a foreign Host is a 400 before any body is read.
     app.add_middleware(PostGuard, max_computing=max_computing, body_limit=body_limit, body_timeout_s=body_timeout_s,
                        too_large=f"the text is capped at {max_chars} characters")
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.add_middleware(SecurityHeaders)      # last added, so outermost: every answer carries them
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    app.include_router(lesson_router())          # /lesson: the page that teaches self-attention (web.lesson)
+
+def _lab_routes(app: FastAPI, max_chars: int) -> None:
+    """GET / (the page), GET /api/models and POST /api/attention (module docstring)."""
 
     @app.get("/", include_in_schema=False)
     async def index():
@@ -186,13 +202,9 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
             req = MapsRequest.model_validate_json(await request.body())
         except ValidationError as e:
             return _error(422, _describe(e))
-        if not req.text.strip():
-            return _error(422, "the text is empty: type a sentence to see its attention")
-        if len(req.text) > max_chars:
-            return _error(413, f"the text is {len(req.text)} characters, over the cap of {max_chars}; shorten it")
-        if req.backend not in {b["name"] for b in backend_choices()}:
-            names = [b["name"] for b in backend_choices()]
-            return _error(422, f"unknown backend {req.backend!r}; choose from {names}")
+        refusal = _refusal(req, max_chars)
+        if refusal is not None:
+            return refusal
         try:
             maps = await run_in_threadpool(attention_maps, req.model, req.text, layer=req.layer, head=req.head,
                                            positional=req.positional, scale_factor=req.scale_factor,
@@ -207,7 +219,18 @@ def create_app(max_chars: int = DEFAULT_MAX_CHARS,
             return _error(422, str(e))
         return await run_in_threadpool(_payload, maps, req)
 
-    return app
+
+def _refusal(req: MapsRequest, max_chars: int) -> Optional[JSONResponse]:
+    """The error answer for a well-formed body the lab will not compute (empty or long text, unknown
+    backend), or None."""
+    if not req.text.strip():
+        return _error(422, "the text is empty: type a sentence to see its attention")
+    if len(req.text) > max_chars:
+        return _error(413, f"the text is {len(req.text)} characters, over the cap of {max_chars}; shorten it")
+    names = [b["name"] for b in backend_choices()]
+    if req.backend not in names:
+        return _error(422, f"unknown backend {req.backend!r}; choose from {names}")
+    return None
 
 
 # MapsRequest was AttentionRequest until issue #29: functional.request.AttentionRequest is the kernels' request.
