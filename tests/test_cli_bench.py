@@ -49,8 +49,8 @@ def test_each_flag_runs_its_own_benchmark(argv, expected, calls, tmp_path, capsy
 
 def test_the_published_switches_are_all_in_the_table():
     # the commands in README.md and docs/benchmarks.md
-    assert set(SWITCHES.values()) == {"--minilm", "--lm", "--hf", "--ring", "--complexity", "--favor-accuracy",
-                                      "--memory-scaling"}
+    assert set(SWITCHES.values()) == {"--minilm", "--lm", "--hf", "--ring", "--plan", "--complexity",
+                                      "--favor-accuracy", "--memory-scaling"}
     assert BENCHMARKS["gpu"].flag == "--device cuda"
 
 
@@ -100,7 +100,8 @@ def test_the_default_json_path_is_checked_and_written(calls, tmp_path, monkeypat
     defaults = {"kernels": cli_bench.DEFAULT_KERNELS_JSON, "memory-scaling": cli_bench.DEFAULT_SCALING_JSON,
                 "complexity": cli_bench.DEFAULT_COMPLEXITY_JSON, "favor-accuracy": cli_bench.DEFAULT_ACCURACY_JSON,
                 "minilm": cli_bench.DEFAULT_MINILM_JSON, "lm": cli_bench.DEFAULT_LM_JSON,
-                "hf": cli_bench.DEFAULT_HF_JSON, "ring": cli_bench.DEFAULT_RING_JSON, "gpu": DEFAULT_GPU_JSON}
+                "hf": cli_bench.DEFAULT_HF_JSON, "ring": cli_bench.DEFAULT_RING_JSON,
+                "plan": cli_bench.DEFAULT_PLAN_JSON, "gpu": DEFAULT_GPU_JSON}
     assert defaults.keys() == set(BENCHMARKS) | {"kernels"}
     assert all(path == f"bench-results/{name}.json" for name, path in defaults.items())
 

@@ -39,6 +39,7 @@ DEFAULT_MINILM_JSON = "bench-results/minilm.json"
 DEFAULT_LM_JSON = "bench-results/lm.json"
 DEFAULT_HF_JSON = "bench-results/hf.json"
 DEFAULT_RING_JSON = "bench-results/ring.json"
+DEFAULT_PLAN_JSON = "bench-results/plan.json"
 
 
 def _bench_config(args: argparse.Namespace):
@@ -165,6 +166,19 @@ def _ring(args: argparse.Namespace):
     return report, format_ring(report), args.json, []
 
 
+def _plan(args: argparse.Namespace):
+    """(report, text, json path, no plots) of ``--plan``: its defaults, --quick, then --n/--batch/--docs/--backend/
+    --repeats."""
+    from ..bench.plan import PLAN_QUICK, PlanBenchConfig, format_plan, run_plan
+    if args.n is not None and len(args.n) > 1:
+        raise ValueError(f"--plan times one sequence length, got --n {' '.join(map(str, args.n))}")
+    given = {"n": args.n and args.n[0], "batch": args.batch, "docs": args.docs, "backends": args.backend,
+             "repeats": args.repeats}
+    cfg = PlanBenchConfig(**{**(PLAN_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
+    report = run_plan(cfg, args.argv)
+    return report, format_plan(report), args.json, []
+
+
 def _memory_scaling(args: argparse.Namespace):
     """(report, text, json path, no plots) of ``--memory-scaling``."""
     from ..bench import format_scaling, run_memory_scaling
@@ -225,6 +239,11 @@ BENCHMARKS: dict[str, Benchmark] = {
                       "--ring-threads threads (default 2 x 1) vs one process with all those threads, same inputs, "
                       "outputs compared (--quick: n = 4096); --n, --batch, --heads, --head-dim, --dtype, --repeats "
                       f"apply; JSON: {DEFAULT_RING_JSON}"),
+    "plan": Benchmark("--plan", _plan,
+                      "what planning a mask once saves: a 12-layer encoder forward on packed documents and a GPT "
+                      "forward+backward, each with plans kept and built every call, per backend, same run "
+                      "(--quick: seconds); --n, --batch, --docs, --backend (the encoder's), --repeats apply; JSON: "
+                      f"{DEFAULT_PLAN_JSON}"),
     "complexity": Benchmark("--complexity", _complexity,
                             "time and peak memory vs n (1k-64k, 256k for sparse and linear) for reference, sdpa, "
                             "tiled, sparse, linear; fitted n^alpha; PNG plots; then two head-to-heads: causal "

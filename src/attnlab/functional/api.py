@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Optional
 
 import torch
@@ -18,6 +17,7 @@ from .bias import StructuredBias
 from .cpu import cpu_class
 from .profile import current_profile
 from .dropout import new_seed
+from .mask_plan import planned
 from .masks import EMPTY, CausalMask, DenseMask
 from .patterns import BlockLayoutMask
 from .masks import parts as mask_parts
@@ -104,30 +104,13 @@ def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
 def skippable(req: AttentionRequest) -> float:
     """Fraction of the tiled kernel's tiles (``tiled_plan.skip_grid``) the mask leaves empty (0 without a mask).
 
-    Remembered per mask object and (L, S, grid): classifying the tiles cost 0.15-0.36 ms per call at n = 1024,
-    more than a tenth of the masked call it decides (issue #29). Masks are immutable by contract; a mask
-    edited in place would at worst get a stale speed estimate here, never a wrong result (every backend
-    still reads the mask itself)."""
+    Planned once per mask and (L, S, grid) (``mask_plan.planned``): classifying the tiles cost 0.15-0.36 ms
+    per call at n = 1024, more than a tenth of the masked call it decides (issue #29)."""
     mask = req.mask
     if mask is None:
         return 0.0
     key = (req.shape.L, req.shape.S, *skip_grid(req.q.dtype, mask))
-    memo = _SKIPPABLE.get(id(mask))
-    if memo is not None and memo[0]() is mask and key in memo[1]:
-        return memo[1][key]
-    kinds = mask.tile_kinds(*key)
-    value = float((kinds == EMPTY).float().mean())
-    try:
-        ref = weakref.ref(mask, lambda _, i=id(mask): _SKIPPABLE.pop(i, None))
-    except TypeError:                    # an object without weak references: not remembered
-        return value
-    if memo is None or memo[0]() is not mask:
-        memo = _SKIPPABLE[id(mask)] = (ref, {})
-    memo[1][key] = value
-    return value
-
-
-_SKIPPABLE: dict[int, tuple] = {}        # id(mask) -> (weakref to it, {(L, S, tile_q, tile_k): fraction})
+    return planned(mask, ("skippable", *key), lambda: float((mask.tile_kinds(*key) == EMPTY).float().mean()))
 
 
 def _auto(req: AttentionRequest) -> tuple[str, str]:

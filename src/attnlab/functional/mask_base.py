@@ -28,6 +28,8 @@ __all__ = ["Mask", "AndMask", "parts"]
 
 # The names a subclass written before the "tile" rename may define, and their new names.
 _OLD_NAMES = {"block": "tile", "block_key": "tile_key"}
+# The attribute in which a mask keeps the plans the kernels derived from it (mask_plan.py).
+PLANS_ATTR = "_attnlab_plans"
 
 
 class Mask:
@@ -112,6 +114,12 @@ class Mask:
 
     def to(self, device) -> "Mask":
         return self
+
+    def __getstate__(self):
+        """A pickled or copied mask leaves its plans behind (they hold weak references; mask_plan.py)."""
+        state = dict(self.__dict__)
+        state.pop(PLANS_ATTR, None)
+        return state
 
 
 def _new_method(mask: Mask, old: str):

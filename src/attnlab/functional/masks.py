@@ -76,6 +76,9 @@ class CausalMask(Mask):
         return "causal()"
 
 
+_CAUSAL = CausalMask()
+
+
 class WindowMask(Mask):
     """Query at position p = i + S - L may see keys p - left <= j <= p + right; None = unbounded."""
 
@@ -288,8 +291,11 @@ class DenseMask(Mask):
 
 
 def causal() -> Mask:
-    """Bottom-right aligned causal mask: query i sees keys j <= i + S - L."""
-    return CausalMask()
+    """Bottom-right aligned causal mask: query i sees keys j <= i + S - L.
+
+    One shared object (it has no state): ``attention(causal=True)`` in every layer and step then reads
+    the plans made for it once (functional/mask_plan.py)."""
+    return _CAUSAL
 
 
 def window(left: Optional[int], right: Optional[int] = 0) -> Mask:

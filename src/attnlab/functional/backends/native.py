@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..tiles import old_tile_names
 from ..bias import StructuredBias
+from ..mask_plan import planned
 from ..masks import Mask, intersect_spans, parts
 from ..memory import check_fits_in_memory, check_weights_fit
 from ..registry import register_backend
@@ -120,10 +121,15 @@ def mask_args(mask: Optional[Mask], L: int, S: int) -> tuple[Optional[Tensor], O
 
     The parts of an ``&`` combination that have an interval form become spans (intersected); the
     rest is materialized once as a dense bool mask and bit-packed (1 bit per pair, read only on
-    rows the spans leave partial).
+    rows the spans leave partial). Planned once per mask and (L, S) (``mask_plan.planned``): the kernel
+    only reads them.
     """
     if mask is None:
         return None, None
+    return planned(mask, ("native", L, S), lambda: _mask_args(mask, L, S))
+
+
+def _mask_args(mask: Mask, L: int, S: int) -> tuple[Optional[Tensor], Optional[Tensor]]:
     spans, rest = None, []
     for part in parts(mask):
         s = part.row_spans(L, S)

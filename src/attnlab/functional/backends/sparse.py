@@ -31,6 +31,7 @@ from torch import Tensor
 from ..tiles import old_tile_names
 from ..bias import StructuredBias
 from ..dropout import keep_at
+from ..mask_plan import planned
 from ..masks import Mask
 from ..memory import check_fits_in_memory, check_weights_fit
 from ..patterns import BlockLayoutMask
@@ -375,7 +376,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
             raise ValueError(f"sparse backend: {name}={val!r} must be a positive int")
     _check_memory(q, B, H, L, S, tile_q, tile_k, return_weights)
     static = torch.compiler.is_compiling()              # a graph may not branch on tensor values
-    layout = make_layout(mask, B, H, L, S, tile_q, tile_k, CHUNK_SCORES, static=static)
+    layout = planned(mask, ("sparse", B, H, L, S, tile_q, tile_k, CHUNK_SCORES),   # once per mask and sizes
+                     lambda: make_layout(mask, B, H, L, S, tile_q, tile_k, CHUNK_SCORES, static=static))
     if stats is not None:
         stats.add(layout.stats)
     bias_t = bias if isinstance(bias, Tensor) else None

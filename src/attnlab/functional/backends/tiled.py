@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..tiles import old_tile_names
 from ..bias import StructuredBias
+from ..mask_plan import planned
 from ..masks import Mask
 from ..memory import check_fits_in_memory, check_weights_fit
 from ..registry import register_backend
@@ -314,7 +315,9 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
                              "use backend='native' (the mask as row intervals, O(L) memory) or a larger tile_q")
     if return_weights:                                  # checked before the forward runs (issue #26)
         check_weights_fit("the tiled backend", B, H, L, S, accum_dtype(q.dtype), q.device)
-    plan = make_plan(mask, B, L, S, tile_q, tile_k, min(FINE_K, tile_k), static=static)
+    fine_k = min(FINE_K, tile_k)                        # planned once per mask and sizes (never in a graph)
+    plan = planned(mask, ("tiled", B, L, S, tile_q, tile_k, fine_k),
+                   lambda: make_plan(mask, B, L, S, tile_q, tile_k, fine_k, static=static))
     if stats is not None:
         stats.add(plan.stats)
     bias_t = bias if isinstance(bias, Tensor) else None

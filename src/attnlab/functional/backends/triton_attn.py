@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..bias import StructuredBias
 from ..dropout import _mix, new_seed
+from ..mask_plan import planned
 from ..masks import Mask
 from ..memory import check_weights_fit
 from ..registry import register_backend
@@ -196,8 +197,8 @@ class _Call:
     _plans: dict
 
     def plan(self, kernel: str) -> tuple[P.TilePlan, P.MaskArgs]:
-        """Tile tables and mask arguments at this kernel's tile shape (built once per shape; kept
-        across calls for masks that are fully described by value: none, causal, windows)."""
+        """Tile tables and mask arguments at this kernel's tile shape (built once per shape; kept across
+        calls: by value for masks fully described by it (none, causal, windows), else with the mask object)."""
         t = self.tiles[kernel]
         B, H, _, L, S, _, _ = self.dims
         key = (t.block_m, t.block_n)
@@ -208,9 +209,12 @@ class _Call:
                 _PLAN_CACHE.move_to_end(ckey)
                 self._plans[key] = _PLAN_CACHE[ckey]
             else:
-                kinds, margs = P.compile_mask(self.mask, B, H, L, S, t.block_m, t.block_n, self.device)
-                self._plans[key] = (P.make_tile_plan(kinds, L, S, B, t.block_m, t.block_n, margs.slots,
-                                                     self.device), margs)
+                def build():
+                    kinds, margs = P.compile_mask(self.mask, B, H, L, S, t.block_m, t.block_n, self.device)
+                    return P.make_tile_plan(kinds, L, S, B, t.block_m, t.block_n, margs.slots, self.device), margs
+                # a tensor-valued mask: planned with the mask object (mask_plan: rebuilt if its tensors change)
+                self._plans[key] = build() if ckey is not None else \
+                    planned(self.mask, ("triton", B, H, L, S, t.block_m, t.block_n, str(self.device)), build)
                 if ckey is not None:
                     _PLAN_CACHE[ckey] = self._plans[key]
                     while len(_PLAN_CACHE) > PLAN_CACHE_SIZE:

@@ -1,0 +1,155 @@
+"""``attnlab bench --plan``: what planning a mask once saves (issue #29), both sides in the same run.
+
+Each workload runs per backend twice, round-robin: with plans kept (``functional.mask_plan``, the
+default) and with every plan built afresh (``mask_plan.caching(False)``: what every call did before
+plans were kept). The ratio is fresh / kept, so > 1 means keeping plans is faster.
+
+    encoder   a 12-layer encoder stack forward (C = 256, H = 4, GELU MLP) on B rows of n tokens packed
+              as documents, inference mode. The document mask is built once per forward, as a data
+              loader hands one over per batch, and every layer gets it: the first layer plans, the
+              other eleven read the plan.
+    gpt       a GPT training step's forward and backward (the optimizer's step reads no mask), causal,
+              at the micro size: the causal mask is one shared object, so its plans outlive the step.
+
+The two sides' outputs must be identical (a plan is a pure function of the mask and the sizes); the
+report says whether they were.
+
+Example::
+
+    rep = run_plan(PlanBenchConfig(**PLAN_QUICK))
+    text = format_plan(rep)
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..functional import masks
+from ..functional.mask_plan import caching
+from ..functional.scope import use_backend
+from ..measure.machine import LoadMonitor, cpu_label, machine_info
+from ..measure.timing import time_interleaved
+from ..models.gpt import GPT, GPTConfig
+from ..nn.blocks import BlockConfig, EncoderStack
+
+__all__ = ["PlanBenchConfig", "PLAN_QUICK", "run_plan", "format_plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlanBenchConfig:
+    n: int = 256                          # tokens per row (encoder); the GPT's context is its max_len
+    batch: int = 4                        # encoder rows
+    docs: int = 4                         # documents packed per encoder row
+    layers: int = 12                      # encoder layers
+    backends: list[str] = field(default_factory=lambda: ["auto", "native", "tiled", "sparse"])
+    gpt_backends: list[str] = field(default_factory=lambda: ["auto", "native", "tiled"])
+    gpt_batch: int = 8
+    repeats: int = 7                      # round-robin rounds per row
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.docs <= self.n:
+            raise ValueError(f"--docs ({self.docs}) must be between 1 and --n ({self.n}): documents of one token "
+                             "or more per row")
+
+
+# Seconds: a short sequence, two backends each, three rounds.
+PLAN_QUICK = dict(n=64, batch=2, backends=["auto", "native"], gpt_backends=["native"], gpt_batch=2, repeats=3)
+
+
+def _document_ids(batch: int, n: int, docs: int, g: torch.Generator) -> torch.Tensor:
+    """(batch, n) int64 document ids: ``docs`` documents per row at random cut points."""
+    rows = []
+    for _ in range(batch):
+        cuts = torch.randperm(n - 1, generator=g)[:docs - 1].sort().values + 1          # (docs - 1,)
+        rows.append(torch.bucketize(torch.arange(n), cuts, right=True))                 # (n,)
+    return torch.stack(rows)
+
+
+def _encoder_fns(cfg: PlanBenchConfig, backend: str, g: torch.Generator) -> dict[str, Callable]:
+    stack = EncoderStack(BlockConfig(d_model=256, n_heads=4), cfg.layers).eval()
+    x = torch.randn(cfg.batch, cfg.n, 256, generator=g)                                 # (B, n, C)
+    ids = _document_ids(cfg.batch, cfg.n, cfg.docs, g)                                   # (B, n)
+
+    def forward(kept: bool):
+        def run():
+            with caching(kept), use_backend(backend), torch.inference_mode():
+                return stack(x, key_mask=masks.documents(ids))                           # one mask per batch
+        return run
+    return {"kept": forward(True), "fresh": forward(False)}
+
+
+def _gpt_fns(cfg: PlanBenchConfig, backend: str, g: torch.Generator) -> dict[str, Callable]:
+    torch.manual_seed(cfg.seed)
+    gpt = GPT(GPTConfig(vocab_size=256, max_len=256, n_layers=4, n_heads=4, d_model=128))
+    idx = torch.randint(0, 256, (cfg.gpt_batch, 257), generator=g)                       # (B, T + 1)
+
+    def step(kept: bool):
+        def run():
+            with caching(kept), use_backend(backend):
+                logits = gpt(idx[:, :-1])                                                # (B, T, V)
+                loss = F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
+                gpt.zero_grad(set_to_none=True)
+                loss.backward()
+            return torch.cat([loss.detach()[None]] + [p.grad.flatten() for p in gpt.parameters() if p.grad is not None])
+        return run
+    return {"kept": step(True), "fresh": step(False)}
+
+
+def _row(workload: str, backend: str, fns: dict[str, Callable], repeats: int) -> dict:
+    outs = {name: fn() for name, fn in fns.items()}                  # warm-up, and the outputs to compare
+    times = dict(zip(fns, time_interleaved(list(fns.values()), repeats=repeats)))
+    paired = sorted(f / k for f, k in zip(times["fresh"], times["kept"]))            # > 1: kept is faster
+    return {"workload": workload, "backend": backend,
+            "kept_ms": 1e3 * statistics.median(times["kept"]), "fresh_ms": 1e3 * statistics.median(times["fresh"]),
+            "times_ms": {k: [1e3 * t for t in ts] for k, ts in times.items()},
+            "saving": statistics.median(times["fresh"]) / statistics.median(times["kept"]),
+            "paired_saving": statistics.median(paired), "identical": bool(torch.equal(outs["kept"], outs["fresh"]))}
+
+
+def run_plan(cfg: PlanBenchConfig, argv: Optional[list[str]] = None) -> dict:
+    """Time both workloads with plans kept and built afresh, per backend (module docstring)."""
+    meta = machine_info(argv)
+    meta["config"] = asdict(cfg)
+    monitor = LoadMonitor()
+    g = torch.Generator().manual_seed(cfg.seed)
+    rows = []
+    for b in cfg.backends:
+        log.info("  encoder, %s: %d rounds", b, cfg.repeats)
+        rows.append(_row(f"encoder {cfg.layers} layers, B={cfg.batch} n={cfg.n}, {cfg.docs} documents per row", b,
+                         _encoder_fns(cfg, b, g), cfg.repeats))
+    for b in cfg.gpt_backends:
+        log.info("  gpt step, %s: %d rounds", b, cfg.repeats)
+        rows.append(_row(f"GPT forward+backward, 4 layers, B={cfg.gpt_batch} T=256, causal", b, _gpt_fns(cfg, b, g),
+                         cfg.repeats))
+    meta["load"] = monitor.stop()
+    return {"meta": meta, "rows": rows}
+
+
+def format_plan(report: dict) -> str:
+    """One line per (workload, backend): median ms with plans kept and built afresh, the saving."""
+    cols = ["workload", "backend", "kept ms", "fresh ms", "fresh / kept", "paired", "same output"]
+    cells = [[r["workload"], r["backend"], f"{r['kept_ms']:.2f}", f"{r['fresh_ms']:.2f}", f"{r['saving']:.3f}",
+              f"{r['paired_saving']:.3f}", "yes" if r["identical"] else "NO"] for r in report["rows"]]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    out = ["  ".join(x.ljust(w) if i < 2 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
+           for row in [cols] + cells]
+    meta = report["meta"]
+    out.append("")
+    out.append(f"fp32; {meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}; medians of "
+               f"{meta['config']['repeats']} round-robin rounds")
+    out.append("kept: plans kept with the mask (the default); fresh: every plan built per call "
+               "(mask_plan.caching(False)); fresh / kept > 1: keeping plans is faster; paired = median of "
+               "per-round ratios")
+    busy = (meta.get("load") or {}).get("other_cpu_fraction")
+    if busy is not None and busy > 0.1:
+        out.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
+                   f"the timings are not trustworthy, rerun on an idle machine")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,138 @@
+"""Plans kept with the mask (functional/mask_plan.py): reused where the mask is the same, rebuilt where it
+is not, never a stale plan, and the same outputs as planning every call."""
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.functional import mask_plan
+from attnlab.functional.mask_plan import MAX_PLANS, caching, plan_count, planned
+from attnlab.nn.blocks import BlockConfig, EncoderStack
+
+masks = al.masks
+
+
+def counter():
+    calls = []
+
+    def build(value="plan"):
+        calls.append(value)
+        return value
+    return calls, build
+
+
+def test_a_plan_is_built_once_per_mask_and_key():
+    m = masks.padding(torch.tensor([3, 5]))
+    calls, build = counter()
+    assert planned(m, ("a", 8, 8), build) == planned(m, ("a", 8, 8), build) == "plan"
+    assert len(calls) == 1
+    planned(m, ("a", 8, 16), build)                                        # another size: built again
+    planned(masks.padding(torch.tensor([3, 5])), ("a", 8, 8), build)       # another object: built again
+    assert len(calls) == 3 and plan_count(m) == 2
+
+
+def test_an_and_built_afresh_from_the_same_parts_shares_its_plans():
+    """What a layer does with the stack's padding and its own mask: a new ``&`` each call."""
+    pad, win = masks.padding(torch.tensor([6])), masks.window(2, 0)
+    calls, build = counter()
+    for _ in range(3):
+        planned(win & pad, ("k",), build)
+    assert len(calls) == 1
+    planned(pad & win, ("k",), build)                                      # other order: another key
+    assert len(calls) == 2 and plan_count(pad) == 2 and plan_count(win) == 0   # kept by the part with data
+
+
+def test_a_tensor_edited_in_place_means_a_new_plan():
+    ids = torch.tensor([0, 0, 1, 1])
+    m = masks.documents(ids)
+    calls, build = counter()
+    planned(m, ("k",), build)
+    ids[1] = 1                                                             # the mask's ids are a view of it
+    planned(m, ("k",), build)
+    planned(m, ("k",), build)
+    assert len(calls) == 2
+
+
+def test_inference_tensors_and_caching_off_are_never_kept():
+    with torch.inference_mode():
+        m = masks.documents(torch.tensor([0, 0, 1]))                       # no version counter to watch
+    calls, build = counter()
+    planned(m, ("k",), build)
+    planned(m, ("k",), build)
+    assert len(calls) == 2 and plan_count(m) == 0
+    m = masks.causal()
+    with caching(False):
+        planned(m, ("off",), build)
+        planned(m, ("off",), build)
+    assert len(calls) == 4
+
+
+def test_plans_are_bounded_and_go_with_their_parts():
+    pad = masks.padding(torch.tensor([4]))
+    calls, build = counter()
+    for L in range(MAX_PLANS + 5):
+        planned(pad, ("k", L), build)
+    assert plan_count(pad) == MAX_PLANS
+    planned(pad, ("k", 0), build)                                          # the oldest went first
+    assert len(calls) == MAX_PLANS + 6
+    window = masks.window(3, 0)
+    planned(pad & window, ("and",), build)
+    del window                                                             # a part that is gone...
+    planned(pad, ("k", 1), build)                                          # ...its plan goes at the next build
+    assert all(mask_plan._alive(kept) for kept, _ in getattr(pad, mask_plan._ATTR).values())
+
+
+def test_a_plan_whose_part_died_is_not_read_for_a_new_part():
+    """A recycled id must not find the dead part's plan: the entry's weak reference no longer matches."""
+    pad = masks.padding(torch.tensor([4]))
+    stamp = mask_plan._stamp([pad])
+    kept = mask_plan._refs(stamp)
+    assert mask_plan._same(kept, stamp)
+    other = masks.padding(torch.tensor([4]))
+    assert not mask_plan._same(kept, mask_plan._stamp([other]))
+
+
+@pytest.mark.parametrize("backend", ["native", "tiled", "sparse", "auto"])
+def test_every_layer_reads_the_plan_of_the_first(backend, monkeypatch):
+    if backend not in al.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    stack = EncoderStack(BlockConfig(d_model=32, n_heads=2), 6).eval()
+    x = torch.randn(2, 40, 32)                                             # (B, n, C)
+    ids = torch.tensor([[0] * 10 + [1] * 30, [0] * 25 + [1] * 15])
+    DocumentMask = type(masks.documents(ids))
+    seen = []
+    for name in ("tile_kinds", "row_spans"):
+        real = getattr(DocumentMask, name)
+        monkeypatch.setattr(DocumentMask, name, lambda self, *a, _r=real, _n=name: seen.append(_n) or _r(self, *a))
+    with torch.no_grad(), al.use_backend(backend):
+        kept = stack(x, key_mask=masks.documents(ids))
+        once = len(seen)
+        with caching(False):
+            fresh = stack(x, key_mask=masks.documents(ids))
+    assert len(seen) - once == 6 * once                                    # fresh: every layer planned again
+    assert once > 0 or backend == "auto"                  # auto may send so small a request to SDPA unplanned
+    assert torch.equal(kept, fresh)
+
+
+@pytest.mark.parametrize("backend", ["native", "tiled", "sparse"])
+def test_outputs_follow_a_mask_edited_between_calls(backend):
+    if backend not in al.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
+    ids = torch.tensor([0] * 20 + [1] * 44)
+    m = masks.documents(ids)
+    al.attention(q, k, v, mask=m, backend=backend)                        # planned
+    ids[30:] = 2                                                          # the same mask object, new documents
+    got = al.attention(q, k, v, mask=m, backend=backend)
+    want = al.attention(q, k, v, mask=masks.documents(ids.clone()), backend="reference")
+    torch.testing.assert_close(got, want)
+
+
+def test_a_used_mask_still_pickles_and_copies_without_its_plans():
+    import copy
+    import pickle
+    m = masks.causal() & masks.documents(torch.tensor([0, 0, 1, 1]))
+    planned(m, ("k",), lambda: "plan")
+    assert plan_count(m) == 1
+    for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):          # copy.copy shares the parts
+        assert plan_count(twin) == 0 and torch.equal(twin.dense(4, 4), m.dense(4, 4))
