@@ -136,3 +136,13 @@ def test_a_used_mask_still_pickles_and_copies_without_its_plans():
     assert plan_count(m) == 1
     for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):          # copy.copy shares the parts
         assert plan_count(twin) == 0 and torch.equal(twin.dense(4, 4), m.dense(4, 4))
+
+
+def test_the_sdpa_backend_densifies_a_mask_once_per_size():
+    q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
+    m = masks.documents(torch.tensor([0] * 8 + [1] * 12))
+    a = al.attention(q, k, v, mask=m, backend="sdpa")
+    assert plan_count(m) == 1
+    torch.testing.assert_close(al.attention(q, k, v, mask=m, backend="sdpa"), a)
+    torch.testing.assert_close(a, al.attention(q, k, v, mask=m, backend="reference"))
+    assert plan_count(m) == 1

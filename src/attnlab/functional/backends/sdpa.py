@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..bias import StructuredBias
+from ..mask_plan import planned
 from ..masks import CausalMask, Mask
 from ..memory import check_fits_in_memory, check_weights_fit, nbytes
 from ..registry import register_backend
@@ -152,7 +153,8 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     attn_mask = None
     if not is_causal:
         b = dense_bias(bias, L, S)
-        allowed = mask.dense(L, S).to(q.device) if mask is not None else None
+        allowed = None if mask is None else \
+            planned(mask, ("dense", L, S, str(q.device)), lambda: mask.dense(L, S).to(q.device))   # read-only
         if b is not None:
             b = b.to(q.dtype)
             attn_mask = b if allowed is None else b.masked_fill(~allowed, float("-inf"))
