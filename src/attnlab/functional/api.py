@@ -264,26 +264,34 @@ def _amx_note(req: AttentionRequest) -> str:
     return ""
 
 
-def _plain_small(q, k, v, causal, scale) -> bool:
+def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
     """Is this a request ``make_request`` would accept and ``_auto`` send to SDPA's flash kernel, with
     nothing for attnlab to add (no mask but causal with L == S, or with L == 1, where it masks nothing; no
     bias or dropout (GQA is SDPA's enable_gqa); q and k finite below NAN_SAFE_S keys; at most SMALL_PROBLEM
-    scores per head)? Then
-    ``attention`` calls SDPA directly: validating and choosing through the request costs as much as the whole
-    attention of a 128-token head (tests/test_dispatch.py keeps this predicate and ``_auto`` in step)."""
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
-        return False
-    B, H, L, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    return (q.dtype in _PLAIN_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
-            and q.is_cpu and k.is_cpu and v.is_cpu
-            and k.shape == v.shape == (B, Hkv, S, D) and Hkv > 0 and H % Hkv == 0 and D > 0 and L > 0
-            and S > 0 and L * S <= SMALL_PROBLEM
-            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    scores per head)? Then SDPA's arguments (is_causal, scale, enable_gqa), else None, and ``attention``
+    calls SDPA directly: validating and choosing through the request costs as much as the whole attention
+    of a 128-token head (tests/test_dispatch.py keeps this predicate and ``_auto`` in step).
+
+    Each shape and stride is read once: on a decode step this predicate is most of attnlab's cost over
+    SDPA's own (a tensor attribute costs 0.15-0.5 us from Python; docs/benchmarks.md, issue #29)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return None
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks:          # v's shape is k's: Dv == D, same B, Hkv, S
+        return None
+    B, H, L, D = qs
+    Bk, Hkv, S, Dk = ks
+    dt = q.dtype
+    if not (dt in _PLAIN_DTYPES and k.dtype == dt and v.dtype == dt and Bk == B and Dk == D
+            and Hkv > 0 and H % Hkv == 0 and D > 0 and L > 0 and S > 0 and L * S <= SMALL_PROBLEM
             and (causal is False or (causal is True and (L == S or L == 1)))
             and (scale is None or (type(scale) is float and math.isfinite(scale)))
-            and (S >= NAN_SAFE_S or finite(q, k)))          # SDPA's short rows drop a NaN (backends/sdpa.py)
+            and q.is_cpu and k.is_cpu and v.is_cpu
+            and q.stride()[-1] == 1 and k.stride()[-1] == 1 and v.stride()[-1] == 1
+            and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
+        return None
+    # L == 1 < S: bottom-right causal masks nothing
+    return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv
 
 
 _PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -338,13 +346,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
     causal_mask = type(mask) is CausalMask                # masks.causal(), as nn modules pass it
     if (backend == "auto" and (mask is None or causal_mask) and bias is None and softcap is None
             and return_weights is False and type(dropout_p) in (float, int) and dropout_p == 0
-            and type(causal) is bool and _plain_small(q, k, v, causal or causal_mask, scale)):
-        # auto's own pick, called as the sdpa backend calls it, without building the request
-        is_causal = (causal is True or causal_mask) and q.shape[2] == k.shape[2]   # L == 1 < S: nothing masked
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        if q.shape[1] != k.shape[1]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+            and type(causal) is bool):
+        plain = _plain_small(q, k, v, causal or causal_mask, scale)
+        if plain is not None:            # auto's own pick, called as the sdpa backend calls it, with no request
+            is_causal, scale, gqa = plain
+            if gqa:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     req = make_request(q, k, v, mask=mask, causal=causal, bias=bias, scale=scale, dropout_p=dropout_p,
                        return_weights=return_weights, softcap=softcap)
     chosen = choose_backend(req, backend)

@@ -47,13 +47,14 @@ def finite(q: Tensor, k: Tensor) -> bool:
     tensors and torch.compile's graphs (no data-dependent branching there: SDPA runs, as before the check
     existed, and a NaN at a masked key may reach its row).
 
-    One sum of each and one read: a NaN or an infinity anywhere makes the total non-finite (inf - inf is
-    NaN), and so, rarely, does a sum of huge finite values that overflows -- then the caller takes the
+    One sum and one read of each: a NaN or an infinity anywhere makes its tensor's sum non-finite (inf - inf
+    is NaN), and so, rarely, does a sum of huge finite values that overflows -- then the caller takes the
     reference formula, exact and only slower. Two ``isfinite().all()`` cost more than SDPA's own call
-    on a small request (issue #29; ``bench --lm``'s overheads table measures that call)."""
+    on a small request, and adding the two sums as tensors costs a third op (~3 us; issue #29, ``bench
+    --lm``'s overheads table measures the call)."""
     if q.is_meta or torch.compiler.is_compiling() or _is_batched(q) or _is_batched(k):
         return True
-    return math.isfinite((q.sum() + k.sum()).item())
+    return math.isfinite(q.sum().item()) and math.isfinite(k.sum().item())
 
 
 _is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", lambda t: False)
