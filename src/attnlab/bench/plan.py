@@ -9,7 +9,8 @@ plans were kept). The ratio is fresh / kept, so > 1 means keeping plans is faste
               loader hands one over per batch, and every layer gets it: the first layer plans, the
               other eleven read the plan.
     gpt       a GPT training step's forward and backward (the optimizer's step reads no mask), causal,
-              at the micro size: the causal mask is one shared object, so its plans outlive the step.
+              4 layers, C = 128, T = 256, B = 8 (2 with --quick): the causal mask is one shared object, so
+              its plans outlive the step.
 
 The two sides' outputs must be identical (a plan is a pure function of the mask and the sizes); the
 report says whether they were.
