@@ -148,3 +148,13 @@ def test_interleaved_timing_runs_round_robin():
     times = time_interleaved([lambda: calls.append("a"), lambda: calls.append("b")], repeats=3)
     assert calls == ["a", "b"] * 3
     assert [len(t) for t in times] == [3, 3] and all(x >= 0 for t in times for x in t)
+
+
+def test_every_report_footer_warns_of_a_busy_machine_the_same_way():
+    from attnlab.measure.machine import BUSY_WARN, busy_warning
+    assert busy_warning({"load": {"other_cpu_fraction": 0.6}}) == [
+        "WARNING: other processes used 60% of the CPUs during this run; the timings are not trustworthy, "
+        "rerun on an idle machine"]
+    for quiet in ({}, {"load": None}, {"load": {"other_cpu_fraction": None}},
+                  {"load": {"other_cpu_fraction": BUSY_WARN}}):
+        assert busy_warning(quiet) == []

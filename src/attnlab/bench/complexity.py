@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..functional import available_backends
-from ..measure.machine import LoadMonitor, machine_info
+from ..measure.machine import LoadMonitor, busy_warning, machine_info
 from ..measure.timing import time_interleaved, time_median
 from .cases import Case, make_inputs, useful_flops
 from .contestants import make_runner, memory_skip_reason
@@ -304,10 +304,7 @@ def format_complexity(report: dict) -> str:
         judge = c["causal_n"] >= 65536 and c["sparse_n"] >= 16384 and max(c["n"]) >= 65536
         lines += ["", "issue #4 targets" + ("" if judge else " (small n: not the issue's sizes, not judged)")]
         lines += ["  " + x for x in _target_lines(report, judge)]
-    busy = (report["meta"].get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
-        lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                     f"the timings are not trustworthy, rerun on an idle machine")
+    lines += busy_warning(report["meta"])
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..measure.machine import LoadMonitor, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
 from ..measure.timing import time_interleaved
 from .lm_report import _table
 
@@ -138,8 +138,5 @@ def format_hf(report: dict) -> str:
                f"torch {meta['torch']}; medians of {c['repeats']} round-robin rounds")
     out.append("x sdpa = sdpa's median / this median (> 1: faster than transformers' sdpa); paired = median of "
                "per-round ratios")
-    busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
-        out.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                   f"the timings are not trustworthy, rerun on an idle machine")
+    out += busy_warning(meta)
     return "\n".join(out) + "\n"

@@ -6,7 +6,7 @@ Example::
 """
 from __future__ import annotations
 
-from ..measure.machine import cpu_label
+from ..measure.machine import busy_warning, cpu_label
 
 __all__ = ["format_lm", "training_verdict"]
 
@@ -92,8 +92,5 @@ def format_lm(report: dict) -> str:
     if over:
         lines += [""] + over
     lines += ["", f"{meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}"]
-    busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
-        lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                     f"the timings are not trustworthy, rerun on an idle machine")
+    lines += busy_warning(meta)
     return "\n".join(lines) + "\n"

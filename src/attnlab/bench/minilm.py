@@ -28,7 +28,7 @@ import torch
 
 from ..functional import available_backends
 from ..functional.registry import get_backend
-from ..measure.machine import LoadMonitor, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
 from ..measure.timing import time_interleaved
 from ..models.encoder import Encoder
 from ..models.minilm import minilm_path
@@ -156,8 +156,5 @@ def format_minilm(report: dict) -> str:
     out.append("x HF = transformers' median / this median (> 1: faster than transformers); paired = median of "
                "per-round ratios; max |diff| = largest hidden-state difference to transformers")
     out += meta.get("notes", [])
-    busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
-        out.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                   f"the timings are not trustworthy, rerun on an idle machine")
+    out += busy_warning(meta)
     return "\n".join(out) + "\n"

@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from ..functional import masks
 from ..functional.mask_plan import caching
 from ..functional.scope import use_backend
-from ..measure.machine import LoadMonitor, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
 from ..measure.timing import time_interleaved
 from ..models.gpt import GPT, GPTConfig
 from ..nn.blocks import BlockConfig, EncoderStack
+from .lm_report import _table
 
 __all__ = ["PlanBenchConfig", "PLAN_QUICK", "run_plan", "format_plan"]
 
@@ -139,9 +140,7 @@ def format_plan(report: dict) -> str:
     cols = ["workload", "backend", "kept ms", "fresh ms", "fresh / kept", "paired", "same output"]
     cells = [[r["workload"], r["backend"], f"{r['kept_ms']:.2f}", f"{r['fresh_ms']:.2f}", f"{r['saving']:.3f}",
               f"{r['paired_saving']:.3f}", "yes" if r["identical"] else "NO"] for r in report["rows"]]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
-    out = ["  ".join(x.ljust(w) if i < 2 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
-           for row in [cols] + cells]
+    out = _table(cols, cells)
     meta = report["meta"]
     out.append("")
     out.append(f"fp32; {meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}; medians of "
@@ -149,8 +148,5 @@ def format_plan(report: dict) -> str:
     out.append("kept: plans kept with the mask (the default); fresh: every plan built per call "
                "(mask_plan.caching(False)); fresh / kept > 1: keeping plans is faster; paired = median of "
                "per-round ratios")
-    busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
-        out.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                   f"the timings are not trustworthy, rerun on an idle machine")
+    out += busy_warning(meta)
     return "\n".join(out) + "\n"

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Optional
 
-from ..measure.machine import BUSY_WARN, cpu_label
+from ..measure.machine import busy_warning, cpu_label
 
 __all__ = ["format_table", "write_json", "fmt_bytes"]
 
@@ -82,10 +82,7 @@ def _footer(report: dict) -> list[str]:
                      + ", ".join(f"{100 * d:.0f}% ({dt})" for dt, d in drift.items())
                      + " between start and end: this machine's speed drifts; compare rows of one run, "
                        "not across runs")
-    busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > BUSY_WARN:
-        lines.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                     f"the timings are not trustworthy, rerun on an idle machine")
+    lines += busy_warning(meta)
     busy = [r["busy"] for r in report["results"] if "slowdown_busy" in r]
     if busy:
         lines.append(f"busy ms = median while a busy process spun on core {busy[0]['core']} (one per case, started "

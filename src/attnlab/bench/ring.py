@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from ..measure.machine import LoadMonitor, machine_info
+from ..measure.machine import LoadMonitor, busy_warning, machine_info
 from ..train.distributed import free_port
 from .lm_report import _table
 
@@ -170,8 +170,5 @@ def format_ring(report: dict) -> str:
     out.append(f"max |ring - one process| = {report['max_abs_diff']:.1e}; medians of {c['repeats']} rounds after a "
                f"warm-up, on {meta['cpu_model']}, torch {meta['torch']}")
     out.append("x one process = one process's median / the ring's median (> 1: the ring is faster)")
-    busy = (meta.get("load") or {}).get("other_cpu_fraction")
-    if busy is not None and busy > 0.1:
-        out.append(f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
-                   f"the timings are not trustworthy, rerun on an idle machine")
+    out += busy_warning(meta)
     return "\n".join(out) + "\n"

@@ -19,7 +19,8 @@ import torch
 
 from ..functional.cpu import cpu_class, cpu_features, cpu_model
 
-__all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor", "BUSY_WARN"]
+__all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor", "BUSY_WARN",
+           "busy_warning"]
 
 
 def cpu_label(meta: dict) -> str:
@@ -97,6 +98,16 @@ def _own_cpu_s() -> float:
 
 #: other processes' share of the CPUs above which a run's timings are called untrustworthy (report, tune)
 BUSY_WARN = 0.1
+
+
+def busy_warning(meta: dict) -> list[str]:
+    """The report footer's warning, as a list of one line, when other processes used more than BUSY_WARN of the
+    CPUs while the benchmark ran (``meta["load"]``, from ``LoadMonitor.stop``); else no line."""
+    busy = (meta.get("load") or {}).get("other_cpu_fraction")
+    if busy is None or busy <= BUSY_WARN:
+        return []
+    return [f"WARNING: other processes used {100 * busy:.0f}% of the CPUs during this run; "
+            f"the timings are not trustworthy, rerun on an idle machine"]
 
 
 class LoadMonitor:
