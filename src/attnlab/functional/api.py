@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
+from .auto_memo import decided
 from .backends.native import on_amx, on_tiles
 from .backends.reference import reference_attention
 from .backends.sdpa import NAN_SAFE_S, finite, sdpa_kernel_kind
@@ -300,7 +301,7 @@ _PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 def choose_backend(req: AttentionRequest, backend: str) -> Backend:
     """The backend to run: the named one (if it can honour ``req``) or auto's pick."""
     if backend == "auto":
-        return get_backend(_auto(req)[0])
+        return get_backend(decided(req, _auto)[0])      # decided once per kind of request (auto_memo.py)
     b = get_backend(backend)
     why = b.unsupported(req)
     if why is None and req.q.is_meta and backend in ("tiled", "sparse") and \

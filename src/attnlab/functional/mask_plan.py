@@ -11,8 +11,8 @@ keeps one mask (a causal model's, at a fixed length) plans once for the whole ru
 
 The comparison is FlexAttention's ``BlockMask``: built once by ``create_block_mask`` and passed to every
 call, it makes the plan a value the user holds. Here the plan rides on the mask the user already holds,
-so no call site changes; ``planned(..., build)`` is the one door, and ``caching(False)`` turns it off
-(the benchmark's "today's code" side, ``attnlab bench --plan``).
+so no call site changes; ``planned(..., build)`` is the one door, and ``caching(False)`` turns it off,
+auto's kept decisions with it (``auto_memo.py``; the benchmark's "today's code" side, ``attnlab bench --plan``).
 
 A plan is reused only while the mask is what it was. The key names the mask's parts by identity (an
 ``&`` built afresh in each layer from the same parts still shares; the plans live on its first part
@@ -44,7 +44,7 @@ from torch import Tensor
 from .mask_base import PLANS_ATTR as _ATTR
 from .mask_base import Mask, parts
 
-__all__ = ["planned", "caching", "plan_count", "MAX_PLANS"]
+__all__ = ["planned", "caching", "caching_on", "plan_count", "MAX_PLANS"]
 
 T = TypeVar("T")
 
@@ -65,13 +65,18 @@ def caching(enabled: bool) -> Iterator[None]:
         _state.enabled = outer
 
 
+def caching_on() -> bool:
+    """Whether this thread keeps plans now (``caching``): also read by ``auto_memo`` for auto's decisions."""
+    return getattr(_state, "enabled", True)
+
+
 def planned(mask: Optional[Mask], key: tuple, build: Callable[[], T]) -> T:
     """``build()``, remembered with ``mask`` under ``key`` (module docstring: when it is reused).
 
     ``key`` must name everything besides the mask that ``build`` reads (the purpose, L, S, tile sizes,
     batch size, device...). The value is shared: callers must not modify it.
     """
-    if mask is None or not getattr(_state, "enabled", True) or torch.compiler.is_compiling():
+    if mask is None or not caching_on() or torch.compiler.is_compiling():
         return build()
     leaves = parts(mask)
     stamp = _stamp(leaves)

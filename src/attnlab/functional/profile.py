@@ -145,16 +145,37 @@ class Profile:
 
 
 _loaded: dict[object, Optional[Profile]] = {}
+# os.environ.get raises and catches two KeyErrors for a name that is not set (2 us; auto asks on every decision,
+# issue #29). CPython keeps the environment in os.environ._data under encoded names: read there, with the
+# mapping's own encodekey; elsewhere, os.environ.get.
+_RAW = getattr(os.environ, "_data", None) if hasattr(os.environ, "encodekey") else None
+_NAMES = {}
+
+
+def _env(name: str):
+    """The raw (encoded) value of the environment variable ``name``, or None where it is not set: a key, not
+    a value to show (``os.environ.decodevalue`` decodes it)."""
+    if _RAW is None:
+        return os.environ.get(name)
+    key = _NAMES.get(name)
+    if key is None:
+        key = _NAMES[name] = os.environ.encodekey(name)
+    return _RAW.get(key)
+
+
+def _decoded(raw) -> str:
+    """The text of a value ``_env`` returned."""
+    return raw if _RAW is None else os.environ.decodevalue(raw)
 
 
 def current_profile() -> Optional[Profile]:
     """This machine's profile, read once per process and key (None if absent, off, or unreadable: a warning
     says why). Asked on every auto decision: what can change in a process (the thread count, the cache
     directory's variables) is the look-up key, so the file is hashed and read only the first time."""
-    env = os.environ
-    if env.get("ATTNLAB_PROFILE", "").lower() in ("off", "0", "no"):
+    off = _env("ATTNLAB_PROFILE")
+    if off is not None and _decoded(off).lower() in ("off", "0", "no"):
         return None
-    where = (torch.get_num_threads(), env.get("ATTNLAB_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    where = (torch.get_num_threads(), _env("ATTNLAB_CACHE_DIR"), _env("XDG_CACHE_HOME"), _env("HOME"))
     cached = _loaded.get(where, False)
     if cached is not False:
         return cached

@@ -48,6 +48,12 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
+_generation = [0]                                           # moves on with every registration
+
+
+def registry_generation() -> int:
+    """How many registrations there have been: a decision that read the registry is stale once it moves."""
+    return _generation[0]
 
 
 def register_backend(name: str, *, exact: bool = True, summary: str = "",
@@ -57,6 +63,7 @@ def register_backend(name: str, *, exact: bool = True, summary: str = "",
     def wrap(fn: AttentionFn) -> AttentionFn:
         _BACKENDS[name] = Backend(name, fn, exact, unsupported, summary or (fn.__doc__ or "").split("\n")[0],
                                   available)
+        _generation[0] += 1
         return fn
     return wrap
 
