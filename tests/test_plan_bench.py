@@ -20,7 +20,8 @@ def test_cli_quick_times_both_sides_with_the_same_outputs(tmp_path, capsys):
     assert main(["bench", "--plan", "--quick", "--n", "32", "--backend", "tiled", "--repeats", "1",
                  "--json", str(path)]) == 0
     report = json.loads(path.read_text())
-    assert [r["backend"] for r in report["rows"]] == ["tiled", "native"]           # encoder, then the GPT step
+    assert [r["backend"] for r in report["rows"]] == ["tiled", "native", "auto"]   # encoder, GPT step, decision
+    assert report["rows"][-1]["workload"].startswith("auto's decision")
     assert all(r["identical"] and r["kept_ms"] > 0 and r["fresh_ms"] > 0 for r in report["rows"])
     out = capsys.readouterr().out
     assert "fresh / kept" in out and "NO" not in out.split("\n\n")[0]

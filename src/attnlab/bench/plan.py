@@ -11,6 +11,11 @@ plans were kept). The ratio is fresh / kept, so > 1 means keeping plans is faste
     gpt       a GPT training step's forward and backward (the optimizer's step reads no mask), causal,
               4 layers, C = 128, T = 256, B = 8 (2 with --quick): the causal mask is one shared object, so
               its plans outlive the step.
+    decide    auto's choice alone, DECISIONS times for each of the request kinds of ``_decide_requests``
+              (plain, causal, decode, window, padding, dense mask; fp32 and bf16): kept,
+              ``choose_backend(req, "auto")``, a look-up (``functional.auto_memo``); fresh, the whole rule
+              (``api._auto``) on every call, as before decisions were kept, with the masks' plans kept on
+              both sides (with none kept, each masked decision classifies the mask's tiles again).
 
 The two sides' outputs must be identical (a plan is a pure function of the mask and the sizes); the
 report says whether they were.
@@ -31,7 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import masks
+from ..functional.api import _auto, choose_backend
 from ..functional.mask_plan import caching
+from ..functional.request import AttentionRequest, make_request
 from ..functional.scope import use_backend
 from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
 from ..measure.timing import time_interleaved
@@ -105,6 +112,36 @@ def _gpt_fns(cfg: PlanBenchConfig, backend: str, g: torch.Generator) -> dict[str
     return {"kept": step(True), "fresh": step(False)}
 
 
+DECISIONS = 100                          # per request kind and round (the decide workload)
+
+
+def _decide_requests(g: torch.Generator) -> list[AttentionRequest]:
+    """Request kinds a model's layers send: B=1 H=8 D=64 at n = 1024 unless said (the decode step: 1 <- 256)."""
+    q, k, v = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))             # (1, 8, 1024, 64)
+    band = torch.ones(1024, 1024, dtype=torch.bool).tril().triu(-127)                    # (L, S)
+    pad = masks.padding(torch.tensor([768]))
+    reqs = [make_request(q, k, v), make_request(q, k, v, causal=True), make_request(q[:, :, :1], k[:, :, :256],
+            v[:, :, :256], causal=True), make_request(q, k, v, mask=masks.window(128)),
+            make_request(q, k, v, mask=pad), make_request(q, k, v, mask=band)]
+    bf = [t.bfloat16() for t in (q, k, v)]
+    return reqs + [make_request(*bf), make_request(*bf, causal=True), make_request(*bf, mask=pad)]
+
+
+def _decide_fns(reqs: list[AttentionRequest]) -> dict[str, Callable]:
+    def decide(choose: Callable[[AttentionRequest], str]):
+        def run():
+            for req in reqs:
+                for _ in range(DECISIONS):
+                    choose(req)
+            return [choose(req) for req in reqs]
+        return run
+    return {"kept": decide(lambda req: choose_backend(req, "auto").name), "fresh": decide(lambda req: _auto(req)[0])}
+
+
+def _same(a, b) -> bool:
+    return bool(torch.equal(a, b)) if isinstance(a, torch.Tensor) else a == b
+
+
 def _row(workload: str, backend: str, fns: dict[str, Callable], repeats: int) -> dict:
     outs = {name: fn() for name, fn in fns.items()}                  # warm-up, and the outputs to compare
     times = dict(zip(fns, time_interleaved(list(fns.values()), repeats=repeats)))
@@ -113,7 +150,7 @@ def _row(workload: str, backend: str, fns: dict[str, Callable], repeats: int) ->
             "kept_ms": 1e3 * statistics.median(times["kept"]), "fresh_ms": 1e3 * statistics.median(times["fresh"]),
             "times_ms": {k: [1e3 * t for t in ts] for k, ts in times.items()},
             "saving": statistics.median(times["fresh"]) / statistics.median(times["kept"]),
-            "paired_saving": statistics.median(paired), "identical": bool(torch.equal(outs["kept"], outs["fresh"]))}
+            "paired_saving": statistics.median(paired), "identical": _same(outs["kept"], outs["fresh"])}
 
 
 def run_plan(cfg: PlanBenchConfig, argv: Optional[list[str]] = None) -> dict:
@@ -131,6 +168,10 @@ def run_plan(cfg: PlanBenchConfig, argv: Optional[list[str]] = None) -> dict:
         log.info("  gpt step, %s: %d rounds", b, cfg.repeats)
         rows.append(_row(f"GPT forward+backward, 4 layers, B={cfg.gpt_batch} T=256, causal", b, _gpt_fns(cfg, b, g),
                          cfg.repeats))
+    log.info("  auto's decision: %d rounds", cfg.repeats)
+    reqs = _decide_requests(g)
+    rows.append(_row(f"auto's decision, {len(reqs)} request kinds x {DECISIONS}", "auto", _decide_fns(reqs),
+                     cfg.repeats))
     meta["load"] = monitor.stop()
     return {"meta": meta, "rows": rows}
 
@@ -148,5 +189,7 @@ def format_plan(report: dict) -> str:
     out.append("kept: plans kept with the mask (the default); fresh: every plan built per call "
                "(mask_plan.caching(False)); fresh / kept > 1: keeping plans is faster; paired = median of "
                "per-round ratios")
+    out.append("auto's decision: kept = a look-up (functional.auto_memo); fresh = the whole rule on every call, "
+               "the masks' plans kept on both sides")
     out += busy_warning(meta)
     return "\n".join(out) + "\n"
