@@ -11,6 +11,7 @@ from attnlab.functional.backends import native, native_build
 from attnlab.functional.backends.native import native_attention
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.functional.cpu import cpu_features
+from helpers import errors
 
 pytestmark = pytest.mark.skipif(native.ISA != "amx", reason="the kernel's amx level is not the one running here")
 
@@ -79,3 +80,37 @@ def test_off_the_amx_shapes_the_tiles_or_blas_answer():
     out = native_attention(q, k, v, mask=masks.causal(), scale=0.125)
     ref = reference_attention(q.double(), k.double(), v.double(), mask=masks.causal(), scale=0.125)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal"])
+def test_a_minus_inf_score_weighs_exactly_zero_in_a_plain_row(mask_name):
+    """The AMX softmax's own exp (amx.cpp, exp2_nonpositive) clamps its argument: a key whose score is -inf (its
+    first entry -inf against q's positive one) must weigh 0 in an unmasked row, as in the reference, and leave
+    every output finite; scores spread over 200 nats (underflowing weights) must match the reference too."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 80, 64, generator=g) for _ in range(3))
+    q[..., 0] = 1.0
+    k[:, :, 5, 0] = float("-inf")
+    k[:, :, 60:, 1] = 400.0 * torch.linspace(-1, 1, 20)                 # scores from about -50 to +50 (scale 1/8)
+    q[:, :, :, 1] = torch.linspace(-4, 4, 80)                             # rows whose scores span 200 nats or more
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    mask = masks.causal() if mask_name == "causal" else None
+    out = native_attention(q, k, v, mask=mask, scale=0.125)
+    ref = reference_attention(q.double(), k.double(), v.double(), mask=mask, scale=0.125)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal"])
+def test_the_backward_on_scores_spread_over_hundreds_of_nats_matches_the_reference(mask_name):
+    """The backward's probabilities on this path (amx.cpp, row_exp_inplace: the scale and the exp in one pass)
+    on rows whose weights underflow to 0 and rows near uniform: errors against fp64 truth within those of the
+    bf16 reference (STYLE.md), outputs and gradients."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 80, 64, generator=g) for _ in range(3))
+    k[:, :, :, 1] = 400.0 * torch.linspace(-1, 1, 80)
+    q[:, :, :, 1] = torch.linspace(-4, 4, 80)
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    mask = masks.causal() if mask_name == "causal" else None
+    for name, (cand, ref) in errors(native_attention, q, k, v, None, mask, scale=0.125).items():
+        assert cand <= 3 * ref + 1e-6, (name, cand, ref)

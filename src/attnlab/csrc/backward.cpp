@@ -172,6 +172,14 @@ class BackwardHead {
         std::fill(row + nk, row + ncols, acc_t(0));
         continue;
       }
+      if constexpr (std::is_same_v<acc_t, float>) {
+        if (amx_ && kind != kMasked && pb_.softcap == 0.0 && pb_.bias_kind == 0) {   // plain: scale and exp fused
+          row_exp_inplace(row, a, e, scale_, lse_r);
+          std::fill(row, row + a, acc_t(0));
+          std::fill(row + e, row + ncols, acc_t(0));
+          continue;
+        }
+      }
       if (amx_) {                                                // the scale brgemm did not apply
         const Vec vs(scale_);
         int64_t j = a;
