@@ -62,20 +62,32 @@ TILES_MEASURED = {
 # On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
 # does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
 # there (docs/benchmarks.md, "Issue #27: bf16 on AMX tiles", B=1 H=8, n = 1024-8192, D = 64 and 128):
-# * bf16 on AMX: the compiled kernel AMX_FWD of SDPA's forward without a mask or causal (SDPA), AMX_TRAIN of its
-#   forward+backward (the kernel). Its forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of
-#   the tiles empty: at 1/4 (padding to 3n/4) it measured 1.55-1.70x the sdpa backend's speed, and the
-#   dense forward's 0.83-0.98x puts the break-even near 1/10;
+# * bf16 on AMX: the compiled kernel AMX_TRAIN of SDPA's forward+backward (the kernel). Its forward, since the
+#   softmax's own exp (amx.cpp; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
+#   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 (0.97-1.09x at 1024: a tie, SDPA), and
+#   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128.
+#   Its masked forward
+#   wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key padding that empties
+#   3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9% on (`attnlab tune`,
+#   docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
 # * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
 #   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
 #   1.65-5.9x; 8 documents: 2.4-3.6x);
 # * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
 #   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
-AMX_FWD, AMX_TRAIN = "0.83-1.10x", "1.24-1.74x"
+AMX_TRAIN, AMX_CAUSAL_FWD, AMX_PLAIN_FWD = "1.24-1.81x", "1.00-1.24x", "1.00-1.26x"
+AMX_CAUSAL_FROM, AMX_PLAIN_FROM = 2048 * 2048, 4096 * 4096
 AMX_MEASURED = {
-    "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_FWD} SDPA's forward "
-             f"without a mask or with a causal one and {AMX_TRAIN} its forward+backward, at n = 1024-8192, "
-             f"D = 64 and 128 ({XEON_AMX})"),
+    "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_TRAIN} SDPA's forward+backward "
+             f"without a mask or with a causal one, at n = 1024-8192, D = 64 and 128 ({XEON_AMX})"),
+    "bf16 forward": (f"bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured {AMX_CAUSAL_FWD} "
+                     f"SDPA's with a causal mask at n = 2048-8192 and {AMX_PLAIN_FWD} without one at n = 4096-8192, "
+                     f"D = 64 and 128 ({XEON_AMX})"),
+    "bf16 masked": ("bf16 forward on a CPU with AMX, key padding at n = 2048: the compiled kernel's AMX build "
+                    f"measured 1.15x SDPA's with its dense mask at 3% empty tiles, 1.25-2.2x from 9% ({XEON_AMX})"),
+    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.88-1.09x "
+                             "SDPA's at n = 1024 and 0.96-1.04x without a mask at n = 2048, D = 64 and 128: ties go "
+                             f"to SDPA ({XEON_AMX})"),
     "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
                    "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
                    f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
@@ -85,7 +97,7 @@ AMX_MEASURED = {
              f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
              f"n = 1024, 4096 ({XEON_AMX})"),
 }
-AMX_BF16_MIN_SKIPPABLE = 0.15
+AMX_BF16_MIN_SKIPPABLE = 0.03
 TILES_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
@@ -162,7 +174,7 @@ def _auto(req: AttentionRequest) -> tuple[str, str]:
         if skip < least:
             return "sdpa", (f"bf16 inference with a mask that leaves {skip:.0%} of the tiles empty (the compiled "
                             f"kernel wins from {least:.0%}): "
-                            + (AMX_MEASURED["bf16"] if amx_kernel else
+                            + (AMX_MEASURED["bf16 masked"] if amx_kernel else
                                f"{AMX_MEASURED['bf16 tiles']}; with padding they measured 0.42-0.78x the sdpa "
                                f"backend's speed, with a W = 256 window 1.65-5.9x"))
     exact_kernel = "native" if "native" in runnable else "tiled"    # the compiled one where it is built
@@ -232,9 +244,12 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     amx = cpu_class() == "amx"
-    if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles: the kernel for training
-        train = on_amx(req.shape.D, req.shape.Dv) and req.needs_grad and LS > SMALL_PROBLEM
-        return AMX_MEASURED["bf16"] if train else None
+    if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
+        if not on_amx(req.shape.D, req.shape.Dv) or LS <= SMALL_PROBLEM:
+            return None
+        if req.needs_grad:
+            return AMX_MEASURED["bf16"]
+        return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else AMX_PLAIN_FROM) else None
     tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv)
     if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
         return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
@@ -258,7 +273,7 @@ def _amx_note(req: AttentionRequest) -> str:
     if cpu_class() != "amx":
         return ""
     if req.q.dtype == torch.bfloat16:
-        return f"; {AMX_MEASURED['bf16' if on_amx(req.shape.D, req.shape.Dv) else 'bf16 tiles']}"
+        return f"; {AMX_MEASURED['bf16 forward to sdpa' if on_amx(req.shape.D, req.shape.Dv) else 'bf16 tiles']}"
     big = req.shape.L * req.shape.S > SMALL_PROBLEM
     if req.q.dtype == torch.float32 and big and on_tiles(req.shape.D, req.shape.Dv):
         return f"; {AMX_MEASURED['fp32 forward']}"

@@ -14,8 +14,9 @@ What a profile holds (JSON, one file per machine key, ``profile_dir()``):
   won (and won at every larger measured one), SDPA below it.
 
 A profile applies only to the machine key it was measured under: CPU model, features, torch threads, torch,
-attnlab and kernel build; a file under another key is never read. ``ATTNLAB_CACHE_DIR`` moves the directory
-(default ``$XDG_CACHE_HOME/attnlab`` or ``~/.cache/attnlab``); ``ATTNLAB_PROFILE=off`` ignores profiles.
+attnlab and kernel build (its level and its file's size and time); a file under another key is never read.
+``ATTNLAB_CACHE_DIR`` moves the directory (default ``$XDG_CACHE_HOME/attnlab`` or ``~/.cache/attnlab``);
+``ATTNLAB_PROFILE=off`` ignores profiles.
 
 Example::
 
@@ -49,11 +50,23 @@ log = logging.getLogger(__name__)
 
 def machine_key() -> dict:
     """What a profile's figures depend on besides the request: the CPU, its features, torch's thread count,
-    the versions and the kernel build. Threads are read on every call: ``torch.set_num_threads`` changes it."""
+    the versions and the kernel build: its level and its file (size and modification time, so a rebuilt
+    kernel, which the version does not name in a developer's checkout, is tuned again). Threads are read on
+    every call: ``torch.set_num_threads`` changes it."""
     from .backends import native
     feats = sorted(name for name, has in cpu_features().items() if has)
     return {"cpu_model": cpu_model(), "features": feats, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "attnlab": _version(), "native_build": native.ISA}
+            "torch": torch.__version__, "attnlab": _version(), "native_build": native.ISA,
+            "native_file": _kernel_stamp(getattr(native._native, "__file__", None))}
+
+
+@functools.lru_cache(maxsize=4)
+def _kernel_stamp(path: Optional[str]) -> Optional[str]:
+    """'size mtime_ns' of the loaded kernel module's file (None without one)."""
+    if path is None:
+        return None
+    st = os.stat(path)
+    return f"{st.st_size} {st.st_mtime_ns}"
 
 
 @functools.lru_cache(maxsize=1)
