@@ -66,10 +66,9 @@ TILES_MEASURED = {
 #   softmax's own exp (amx.cpp; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
 #   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 (0.97-1.09x at 1024: a tie, SDPA), and
 #   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128.
-#   Its masked forward
-#   wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key padding that empties
-#   3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9% on (`attnlab tune`,
-#   docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
+#   Its masked forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key
+#   padding that empties 3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9%
+#   on (`attnlab tune`, docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
 # * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
 #   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
 #   1.65-5.9x; 8 documents: 2.4-3.6x);
