@@ -153,10 +153,10 @@ namespace {
 // 2^x for x < 128 or NaN (the softmax's arguments are <= 0), in 10 instructions: x clamped at -160, where
 // 2^x is 0 in float (so a -inf score weighs exactly 0; vmaxps returns its second operand, x, when one is
 // NaN, so NaN stays NaN), split as n + f with n = round(x) and |f| <= 1/2, 2^f = 1 + f q(f) with q of
-// degree 4, and 2^n applied by vscalefps. q's
-// coefficients: a weighted least-squares fit of (2^f - 1) / f on [-1/2, 1/2] iterated towards the minimax
-// relative error (Lawson), rounded to float: 1.9e-7 relative at most over 200,001 points, against ~2.4e-6 for
-// at::vec's exp_u20. The probabilities are rounded to bfloat16 (2^-9) right after.
+// degree 4, and 2^n applied by vscalefps. q's coefficients: a weighted least-squares fit of (2^f - 1) / f on
+// [-1/2, 1/2] iterated towards the minimax relative error (Lawson), rounded to float: 1.9e-7 relative at most
+// over 200,001 points, against ~2.4e-6 for at::vec's exp_u20. The probabilities are rounded to bfloat16
+// (2^-9) right after.
 inline __m512 exp2_clamped(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
