@@ -61,9 +61,12 @@ class BackwardHead {
   BackwardHead(const Problem<acc_t>& pb, const BackwardIO<scalar_t>& io)
       : pb_(pb), io_(io), g_(io.g), amx_(io.pk != nullptr && io.pk->amx), tiles16_(io.pk != nullptr && !amx_),
         S16_(io.pk != nullptr ? io.pk->S16 : 0), half_(kBf16 && io.pk != nullptr ? (pb.BQ + 1) / 2 : 0),
-        BQe_(2 * half_), scale_(static_cast<acc_t>(pb.scale)),
-        s_(pb.BQ * pb.BK), dp_(pb.BQ * pb.BK), th_(pb.softcap != 0.0 ? pb.BQ * pb.BK : 0),
-        pd_(pb.drop.p > 0.0 ? pb.BQ * pb.BK : 0), conv_(kSame ? 0 : pb.BQ * pb.BK), dq_(pb.BQ * pb.D),
+        BQe_(2 * half_),
+        // Row stride of the (BQ, BK) blocks: on AMX 16 past BK, so that rows 2 KB apart (BK = 512 floats) do not
+        // share L1 sets (as in the forward; brgemm writes them and the softmax reads them a row at a time).
+        lds_(amx_ ? pb.BK + 16 : pb.BK), scale_(static_cast<acc_t>(pb.scale)),
+        s_(pb.BQ * lds_), dp_(pb.BQ * lds_), th_(pb.softcap != 0.0 ? pb.BQ * lds_ : 0),
+        pd_(pb.drop.p > 0.0 ? pb.BQ * lds_ : 0), conv_(kSame ? 0 : pb.BQ * lds_), dq_(pb.BQ * pb.D),
         dout_t_(pb.BQ * pb.Dv), rp_(pb.BQ),
         opair_(half_ * pb.Dv), qpair_(half_ * pb.D), ppair_(half_ * pb.BK), dspair_(half_ * pb.BK),
         dout_cols_(amx_ ? pb.Dv * BQe_ : 0), q_cols_(amx_ ? pb.D * BQe_ : 0), dv_cols_(amx_ ? pb.Dv * S16_ : 0),
@@ -139,26 +142,26 @@ class BackwardHead {
     if constexpr (!std::is_same_v<scalar_t, double>) {
       if (tiles16_) {
         rows_by_groups(qt_, io_.qs[2], nr_, pk->k_groups, bhk_, S16_, pb_.D, c0, ncols, qk_alpha(pb_), s_.data(),
-                       pb_.BK);
+                       lds_);
         return;
       }
     }
     if constexpr (kBf16) {
       if (amx_) {
         amx_gemm(nr_, ncols, pb_.D, qt_, io_.qs[2], amx_head(pk->k_cols, bhk_, pk->ld_cols, pb_.D) + c0, pk->ld_cols,
-                 s_.data(), pb_.BK, false);
+                 s_.data(), lds_, false);
         return;
       }
     }
     gemm(false, true, nr_, nk, pb_.D, qk_alpha(pb_), qt_, io_.qs[2], kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(0),
-         s_.data(), pb_.BK);
+         s_.data(), lds_);
   }
 
   // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN).
   void probabilities(int64_t c0, int64_t nk, int64_t ncols) {
     const int64_t VW = Vec::size();
     for (int64_t r = 0; r < nr_; ++r) {
-      acc_t* row = s_.data() + r * pb_.BK;
+      acc_t* row = s_.data() + r * lds_;
       const int8_t kind = rp_.kind[r];
       const acc_t lse_r = lse_[r];
       if (kind == kEmpty || lse_r == -std::numeric_limits<acc_t>::infinity()) {
@@ -186,7 +189,7 @@ class BackwardHead {
         for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
         for (; j < e; ++j) row[j] *= scale_;
       }
-      row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * pb_.BK);
+      row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * lds_);
       const Vec vl(lse_r);
       int64_t j = a;
       for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
@@ -203,7 +206,7 @@ class BackwardHead {
     for (int64_t r = 0; r < nr_; ++r) {
       const uint64_t st = pb_.drop.row_state(static_cast<uint64_t>(bh_), static_cast<uint64_t>(r0_ + r));
       for (int64_t j = 0; j < ncols; ++j)
-        pd_[r * pb_.BK + j] = pb_.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? s_[r * pb_.BK + j] * inv : acc_t(0);
+        pd_[r * lds_ + j] = pb_.drop.keep(st, static_cast<uint64_t>(c0 + j)) ? s_[r * lds_ + j] * inv : acc_t(0);
     }
     return pd_.data();
   }
@@ -213,40 +216,40 @@ class BackwardHead {
     const PackedKV* pk = io_.pk;
     if (tiles16_) {     // fp32 reads Pd's rows as they are; bfloat16 as pairs of rows
       if constexpr (kF32) {
-        fp32_columns_by_rows(pv, pb_.BK, ka, nk, dout_t_.data(), pb_.Dv, pb_.Dv, nr_, 1.0f, dvb_ + (c0 + ka) * pb_.Dv,
+        fp32_columns_by_rows(pv, lds_, ka, nk, dout_t_.data(), pb_.Dv, pb_.Dv, nr_, 1.0f, dvb_ + (c0 + ka) * pb_.Dv,
                              pb_.Dv);
       } else if constexpr (kBf16) {
-        pair_rows(pv, pb_.BK, nr_, ncols, ppair_.data());
+        pair_rows(pv, lds_, nr_, ncols, ppair_.data());
         bf16_columns_by_pairs(ppair_.data(), ncols, ka, nk, opair_.data(), pb_.Dv, nr_, 1.0f,
                               dvb_ + (c0 + ka) * pb_.Dv, pb_.Dv);
       }
       if constexpr (!std::is_same_v<scalar_t, double>)
         rows_by_groups(dout_t_.data(), pb_.Dv, nr_, pk->v_groups, bhk_, S16_, pb_.Dv, c0, ncols, 1.0f, dp_.data(),
-                       pb_.BK);
+                       lds_);
       return;
     }
     if constexpr (kBf16) {
       if (amx_) {       // dV^T[:, c0 + ka : c0 + nk] += dO^T Pd
-        pair_rows(pv, pb_.BK, nr_, ncols, ppair_.data());
+        pair_rows(pv, lds_, nr_, ncols, ppair_.data());
         amx_gemm(pb_.Dv, nk - ka, nre_, dout_cols_.data(), BQe_, ppair_.data() + ka, ncols, dv_cols_.data() + c0 + ka,
                  S16_, true);
         amx_gemm(nr_, ncols, pb_.Dv, dout_t_.data(), pb_.Dv, amx_head(pk->v_cols, bhk_, pk->ld_cols, pb_.Dv) + c0,
-                 pk->ld_cols, dp_.data(), pb_.BK, false);
+                 pk->ld_cols, dp_.data(), lds_, false);
         return;
       }
     }
-    gemm(true, false, nk, pb_.Dv, nr_, acc_t(1), as_input(pv, conv_.data(), nr_ * pb_.BK), pb_.BK, dout_t_.data(),
+    gemm(true, false, nk, pb_.Dv, nr_, acc_t(1), as_input(pv, conv_.data(), nr_ * lds_), lds_, dout_t_.data(),
          pb_.Dv, acc_t(1), dvb_ + c0 * pb_.Dv, pb_.Dv);
     gemm(false, true, nr_, nk, pb_.Dv, acc_t(1), dout_t_.data(), pb_.Dv, vb_ + c0 * io_.vs[2], io_.vs[2], acc_t(0),
-         dp_.data(), pb_.BK);
+         dp_.data(), lds_);
   }
 
   // dS = P o (dP o Z / keep - delta), in dP's place; the bias gradient; then the softcap's derivative.
   void score_grads(int64_t c0, int64_t ncols) {
     const int64_t VW = Vec::size();
     for (int64_t r = 0; r < nr_; ++r) {
-      acc_t* dsr = dp_.data() + r * pb_.BK;
-      const acc_t* pr = s_.data() + r * pb_.BK;
+      acc_t* dsr = dp_.data() + r * lds_;
+      const acc_t* pr = s_.data() + r * lds_;
       if (rp_.kind[r] == kEmpty) { std::fill(dsr, dsr + ncols, acc_t(0)); continue; }
       const int64_t a = rp_.a[r], e = rp_.e[r], i = r0_ + r;
       if (pb_.drop.p > 0.0) {
@@ -272,7 +275,7 @@ class BackwardHead {
         }
       }
       if (!th_.empty()) {                                     // d softcap(x) / dx = 1 - tanh^2
-        const acc_t* tr = th_.data() + r * pb_.BK;
+        const acc_t* tr = th_.data() + r * lds_;
         for (int64_t jj = a; jj < e; ++jj) dsr[jj] *= acc_t(1) - tr[jj] * tr[jj];
       }
     }
@@ -282,35 +285,35 @@ class BackwardHead {
   // transposed and both scales wait for the write-back.
   void query_key_products(int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
     const PackedKV* pk = io_.pk;
-    const scalar_t* dsi = as_input(dp_.data(), conv_.data(), nr_ * pb_.BK);
+    const scalar_t* dsi = as_input(dp_.data(), conv_.data(), nr_ * lds_);
     if constexpr (kF32) {
       if (tiles16_) {
-        fp32_rows_by_rows(dp_.data(), pb_.BK, nr_, kb_ + c0 * io_.ks[2], io_.ks[2], pb_.D, ka, nk, scale_, dq_.data(),
+        fp32_rows_by_rows(dp_.data(), lds_, nr_, kb_ + c0 * io_.ks[2], io_.ks[2], pb_.D, ka, nk, scale_, dq_.data(),
                           pb_.D);
-        fp32_columns_by_rows(dp_.data(), pb_.BK, ka, nk, qt_, io_.qs[2], pb_.D, nr_, scale_, dkb_ + (c0 + ka) * pb_.D,
+        fp32_columns_by_rows(dp_.data(), lds_, ka, nk, qt_, io_.qs[2], pb_.D, nr_, scale_, dkb_ + (c0 + ka) * pb_.D,
                              pb_.D);
         return;
       }
     } else if constexpr (kBf16) {
       if (amx_) {       // dK^T[:, c0 + ka : c0 + nk] += Q^T dS
-        amx_gemm(nr_, pb_.D, ncols, dsi, pb_.BK, amx_head(pk->k_pairs, bhk_, S16_, pb_.D) + c0 / 2 * pb_.D, pb_.D,
+        amx_gemm(nr_, pb_.D, ncols, dsi, lds_, amx_head(pk->k_pairs, bhk_, S16_, pb_.D) + c0 / 2 * pb_.D, pb_.D,
                  dq_.data(), pb_.D, true);
-        pair_rows(dp_.data(), pb_.BK, nr_, ncols, dspair_.data());
+        pair_rows(dp_.data(), lds_, nr_, ncols, dspair_.data());
         amx_gemm(pb_.D, nk - ka, nre_, q_cols_.data(), BQe_, dspair_.data() + ka, ncols, dk_cols_.data() + c0 + ka,
                  S16_, true);
         return;
       }
       if (tiles16_) {
-        bf16_rows_by_pairs(dsi, pb_.BK, nr_, pk->k_pairs, bhk_, S16_, pb_.D, c0, ka, nk, scale_, dq_.data(), pb_.D);
-        pair_rows(dp_.data(), pb_.BK, nr_, ncols, dspair_.data());
+        bf16_rows_by_pairs(dsi, lds_, nr_, pk->k_pairs, bhk_, S16_, pb_.D, c0, ka, nk, scale_, dq_.data(), pb_.D);
+        pair_rows(dp_.data(), lds_, nr_, ncols, dspair_.data());
         bf16_columns_by_pairs(dspair_.data(), ncols, ka, nk, qpair_.data(), pb_.D, nr_, scale_,
                               dkb_ + (c0 + ka) * pb_.D, pb_.D);
         return;
       }
     }
-    gemm(false, false, nr_, pb_.D, nk, scale_, dsi, pb_.BK, kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(1), dq_.data(),
+    gemm(false, false, nr_, pb_.D, nk, scale_, dsi, lds_, kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(1), dq_.data(),
          pb_.D);
-    gemm(true, false, nk, pb_.D, nr_, scale_, dsi, pb_.BK, qt_, io_.qs[2], acc_t(1), dkb_ + c0 * pb_.D, pb_.D);
+    gemm(true, false, nk, pb_.D, nr_, scale_, dsi, lds_, qt_, io_.qs[2], acc_t(1), dkb_ + c0 * pb_.D, pb_.D);
   }
 
   // Write-back of the tile's dQ (scaled here on AMX).
@@ -334,9 +337,9 @@ class BackwardHead {
   const BackwardIO<scalar_t>& io_;
   const Grads<scalar_t>& g_;
   const bool amx_, tiles16_;
-  const int64_t S16_, half_, BQe_;                 // BQe_: AMX's query rows rounded up to pairs
+  const int64_t S16_, half_, BQe_, lds_;           // BQe_: AMX's query rows rounded up to pairs
   const acc_t scale_;
-  std::vector<acc_t> s_, dp_;                      // (BQ, BK) P and dP -> dS
+  std::vector<acc_t> s_, dp_;                      // (BQ, BK) P and dP -> dS (row stride lds_)
   std::vector<acc_t> th_;                          // (BQ, BK) tanh of the softcap
   std::vector<acc_t> pd_;                          // (BQ, BK) P with dropout
   std::vector<scalar_t> conv_;                     // a (BQ, BK) buffer rounded for a GEMM
