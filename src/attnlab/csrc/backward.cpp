@@ -18,6 +18,7 @@
 #include "amx.h"
 #include "microkernel.h"
 #include "native.h"
+#include "scores.h"
 
 namespace attnlab {
 namespace {
@@ -138,23 +139,7 @@ class BackwardHead {
 
   // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX).
   void scores(int64_t c0, int64_t nk, int64_t ncols) {
-    const PackedKV* pk = io_.pk;
-    if constexpr (!std::is_same_v<scalar_t, double>) {
-      if (tiles16_) {
-        rows_by_groups(qt_, io_.qs[2], nr_, pk->k_groups, bhk_, S16_, pb_.D, c0, ncols, qk_alpha(pb_), s_.data(),
-                       lds_);
-        return;
-      }
-    }
-    if constexpr (kBf16) {
-      if (amx_) {
-        amx_gemm(nr_, ncols, pb_.D, qt_, io_.qs[2], amx_head(pk->k_cols, bhk_, pk->ld_cols, pb_.D) + c0, pk->ld_cols,
-                 s_.data(), lds_, false);
-        return;
-      }
-    }
-    gemm(false, true, nr_, nk, pb_.D, qk_alpha(pb_), qt_, io_.qs[2], kb_ + c0 * io_.ks[2], io_.ks[2], acc_t(0),
-         s_.data(), lds_);
+    chunk_scores(pb_, io_.pk, qt_, io_.qs[2], kb_, io_.ks[2], bhk_, nr_, c0, nk, ncols, s_.data(), lds_);
   }
 
   // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN).

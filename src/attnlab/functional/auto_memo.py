@@ -53,11 +53,9 @@ def signature(req: AttentionRequest) -> Optional[tuple]:
     B, H, L, D = q.shape
     _, Hkv, S, Dv = v.shape
     contiguous = q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                        or (bias is not None and bias.requires_grad))      # req.needs_grad
     bias_kind = None if bias is None else bias.dtype                # a tensor: SDPA wants q's dtype
     return (_generation, registry_generation(), cpu_class(), q.dtype, B, H, Hkv, L, S, D, Dv, contiguous,
-            grad, req.dropout_p > 0.0, req.return_weights, req.softcap is None, bias_kind)
+            req.needs_grad, req.dropout_p > 0.0, req.return_weights, req.softcap is None, bias_kind)
 
 
 def decided(req: AttentionRequest, decide: Callable[[AttentionRequest], Decision]) -> Decision:

@@ -56,9 +56,14 @@ class AttentionRequest:
 
     @property
     def needs_grad(self) -> bool:
-        ts = [self.q, self.k, self.v] + ([self.bias] if isinstance(self.bias, Tensor) else []) \
-            + (list(self.bias.params) if isinstance(self.bias, StructuredBias) else [])
-        return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+        """Whether autograd will want gradients: grad mode on and q, k, v or the bias (a structured bias's
+        parameters) requiring them. Short-circuits: auto asks on every call (functional/auto_memo.py)."""
+        if not torch.is_grad_enabled():
+            return False
+        b = self.bias
+        return (self.q.requires_grad or self.k.requires_grad or self.v.requires_grad
+                or (isinstance(b, Tensor) and b.requires_grad)
+                or (isinstance(b, StructuredBias) and any(p.requires_grad for p in b.params)))
 
 
 def _check_tensor(name: str, t) -> Tensor:
