@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.functional import api, auto_memo, mask_plan, masks
+from attnlab.functional import api, auto_memo, auto_rule, mask_plan, masks
 from attnlab.functional import profile as profile_mod
 from attnlab.functional.auto_memo import decided, signature
 from attnlab.functional.backends.native import why_unavailable
@@ -19,14 +19,14 @@ needs_native = pytest.mark.skipif(why_unavailable() is not None, reason="the com
 
 
 class Counting:
-    """``api._auto``, counting how often it is asked."""
+    """``auto_rule.pick``, counting how often it is asked."""
 
     def __init__(self):
         self.calls = 0
 
     def __call__(self, req):
         self.calls += 1
-        return api._auto(req)
+        return auto_rule.pick(req)
 
 
 def _qkv(n, dtype=torch.float32, D=64, Dv=64, grad=False):
@@ -55,7 +55,7 @@ def test_a_kept_decision_is_the_fresh_one_and_is_taken_once():
     for req in reqs:
         ask = Counting()
         auto_memo.forget()                               # the grid repeats some kinds (a tensor per dtype)
-        fresh = api._auto(req)
+        fresh = auto_rule.pick(req)
         assert decided(req, ask) == fresh and decided(req, ask) == fresh, req
         assert ask.calls == 1, req
 
@@ -83,7 +83,7 @@ def test_a_dense_mask_edited_in_place_is_decided_again():
     assert api.choose_backend(req, "auto").name == "sdpa"        # a full dense mask: SDPA applies it
     mask.zero_()
     mask[:, :64] = True                                            # now almost every tile is empty
-    fresh = api._auto(req)
+    fresh = auto_rule.pick(req)
     assert fresh[0] != "sdpa"
     assert api.choose_backend(req, "auto").name == fresh[0]
 
@@ -111,10 +111,10 @@ def test_a_new_profile_or_none_means_a_new_decision(tmp_path, monkeypatch):
         save_profile([dict(dtype="bfloat16", mask="none", mode="fwd", n=1024, D=64,
                            ms={"native": native_ms, "sdpa": sdpa_ms})], [])
         picks[native_ms] = api.choose_backend(req, "auto").name
-        assert picks[native_ms] == api._auto(req)[0]
+        assert picks[native_ms] == auto_rule.pick(req)[0]
     assert picks == {1.0: "native", 2.0: "sdpa"}
     monkeypatch.setenv("ATTNLAB_PROFILE", "off")                   # no profile: the class rules again
-    assert api.choose_backend(req, "auto").name == api._auto(req)[0]
+    assert api.choose_backend(req, "auto").name == auto_rule.pick(req)[0]
     profile_mod._loaded.clear()
 
 
@@ -162,7 +162,7 @@ def test_attention_with_auto_runs_the_kept_decision(monkeypatch):
     want = al.attention(q, k, v, mask=masks.window(128), backend="reference")
     mask = masks.window(128)
     first = al.attention(q, k, v, mask=mask)
-    monkeypatch.setattr(api, "_auto", lambda req: pytest.fail("decided again"))
+    monkeypatch.setattr(auto_rule, "pick", lambda req: pytest.fail("decided again"))
     second = al.attention(q, k, v, mask=mask)                     # the decision kept with the mask
     torch.testing.assert_close(first, want)
     torch.testing.assert_close(second, first, rtol=0, atol=0)

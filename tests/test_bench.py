@@ -4,6 +4,7 @@ No timing is asserted (the machine may be busy); only that the numbers exist and
 """
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -114,6 +115,37 @@ def test_auto_verdict_fails_a_slow_pick(auto_ms, within):
     assert auto["auto_vs_best"] == pytest.approx(10.0 / auto_ms)
     text = "\n".join(format_auto({"results": rows}))
     assert f"within 5% on {int(within)} of 1 cases" in text and ("yes" if within else "NO") in text
+
+
+def _timed(rows, **times_ms):
+    """Give the named rows per-round times (their median as median_ms), as run_case leaves them."""
+    for r in rows:
+        if r["contestant"] in times_ms:
+            r.update(times_ms=times_ms[r["contestant"]], median_ms=statistics.median(times_ms[r["contestant"]]))
+    return rows
+
+
+def test_auto_verdict_pairs_the_rounds_against_drift():
+    # The machine ran 3x slower in the last three rounds: auto, 2% behind sdpa in every round, has the
+    # median of a slow round and sdpa of a fast one, so the medians' ratio (0.33) would call it wrong.
+    from attnlab.bench.kernels import _add_auto_verdict
+    rows = _timed(_rows(1.0, sdpa=1.0, tiled=1.0), sdpa=[10, 10, 10, 30, 30], tiled=[12, 12, 36, 36, 36],
+                  auto=[10.2, 10.2, 30.6, 30.6, 30.6])
+    _add_auto_verdict(rows)
+    auto = rows[1]
+    assert auto["best_exact"] == "sdpa" and auto["auto_within"] is True
+    assert auto["auto_vs_best"] == pytest.approx(10 / 10.2) and auto["auto_vs_best_medians"] == pytest.approx(10 / 30.6)
+
+
+@pytest.mark.parametrize("slower, within", [(1.04, True), (1.06, False), (1.5, False)])
+def test_auto_verdict_fails_a_pick_slower_in_every_round(slower, within):
+    # Pairing must not excuse a slow pick: auto `slower` x sdpa's time in every round, whatever the drift.
+    from attnlab.bench.kernels import _add_auto_verdict
+    sdpa = [10, 25, 12, 40, 11]
+    rows = _timed(_rows(1.0, sdpa=1.0, tiled=1.0), sdpa=sdpa, tiled=[2 * t for t in sdpa],
+                  auto=[slower * t for t in sdpa])
+    _add_auto_verdict(rows)
+    assert rows[1]["auto_within"] is within and rows[1]["auto_vs_best"] == pytest.approx(1 / slower)
 
 
 def test_auto_gets_no_verdict_without_two_exact_backends():

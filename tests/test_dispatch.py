@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.functional import api
+from attnlab.functional import api, auto_rule
 from attnlab.functional.mask_plan import plan_count
 from attnlab.functional.request import make_request
 
@@ -32,7 +32,7 @@ def test_shortcut_is_autos_sdpa_bit_for_bit(shape, causal, scale):
     q, k, v = qkv(**shape)
     causal = causal and q.shape[2] in (1, k.shape[2])          # bottom-right causal at L == 1 masks nothing
     assert api._plain_small(q, k, v, causal, scale)
-    assert api._auto(make_request(q, k, v, causal=causal, scale=scale))[0] == "sdpa"
+    assert auto_rule.pick(make_request(q, k, v, causal=causal, scale=scale))[0] == "sdpa"
     got = al.attention(q, k, v, causal=causal, scale=scale)
     want = al.attention(q, k, v, causal=causal, scale=scale, backend="sdpa")
     assert torch.equal(got, want)
@@ -129,9 +129,9 @@ def test_autos_tile_count_is_remembered_per_mask_object(monkeypatch):
     calls = []
     real = type(window).tile_kinds
     monkeypatch.setattr(type(window), "tile_kinds", lambda self, *a: calls.append(a) or real(self, *a))
-    first = api.skippable(make_request(q, k, v, mask=window))
-    assert api.skippable(make_request(q, k, v, mask=window)) == first and len(calls) == 1
-    api.skippable(make_request(q[:, :, :512], k, v, mask=window))          # another L: counted again
+    first = auto_rule.skippable(make_request(q, k, v, mask=window))
+    assert auto_rule.skippable(make_request(q, k, v, mask=window)) == first and len(calls) == 1
+    auto_rule.skippable(make_request(q[:, :, :512], k, v, mask=window))          # another L: counted again
     other = al.masks.window(64, 0)                                          # another object: counted again
-    assert api.skippable(make_request(q, k, v, mask=other)) == first and len(calls) == 3
+    assert auto_rule.skippable(make_request(q, k, v, mask=other)) == first and len(calls) == 3
     assert plan_count(other) == 1 and plan_count(window) == 2                # kept on the masks themselves

@@ -8,7 +8,7 @@ import torch
 from attnlab.cli import main
 from attnlab.functional import explain, masks
 from attnlab.functional import profile as profile_mod
-from attnlab.functional.api import _auto
+from attnlab.functional.auto_rule import pick
 from attnlab.functional.backends.native import why_unavailable
 from attnlab.functional.profile import Profile, current_profile, machine_key, profile_path, save_profile
 from attnlab.functional.request import make_request
@@ -51,24 +51,40 @@ def test_no_profile_means_the_class_rules_and_explain_says_so():
 @pytest.mark.parametrize("native_ms, sdpa_ms, want", [(1.0, 2.0, "native"), (2.0, 1.0, "sdpa")])
 def test_a_plain_request_follows_the_profile(native_ms, sdpa_ms, want):
     save_profile([_plain(n=1024, native=native_ms, sdpa=sdpa_ms)], [])
-    name, why = _auto(_req(1024))
+    name, why = pick(_req(1024))
     assert name == want and "this machine's profile" in why
     q = torch.randn(1, 8, 1024, 64, dtype=torch.bfloat16)
     assert "rule source: this machine's profile" in explain(q, q, q)
 
 
 @needs_native
+@pytest.mark.parametrize("native_ms, sdpa_ms, tie", [(1.0, 1.02, True), (1.02, 1.0, True), (1.0, 1.04, False),
+                                                     (1.04, 1.0, False)])
+def test_a_tie_in_the_profile_is_left_to_the_class_rules(native_ms, sdpa_ms, tie, capsys):
+    """Issue #27: two timings within profile.TIE of each other are one tune's noise, not a measurement."""
+    save_profile([_plain(n=1024, native=native_ms, sdpa=sdpa_ms)], [])
+    assert main(["tune", "--show"]) == 0
+    assert ("-> a tie: the built-in rule" in capsys.readouterr().out) is tie
+    name, why = pick(_req(1024))
+    assert ("this machine's profile" in why) is not tie
+    if not tie:
+        assert name == ("native" if native_ms < sdpa_ms else "sdpa")
+    q = torch.randn(1, 8, 1024, 64, dtype=torch.bfloat16)
+    assert ("measured a tie" in explain(q, q, q)) is tie
+
+
+@needs_native
 def test_the_nearest_measured_n_decides():
     save_profile([_plain(n=1024, native=1.0, sdpa=2.0), _plain(n=4096, native=2.0, sdpa=1.0)], [])
-    assert _auto(_req(1536))[0] == "native"          # nearer 1024 on a log scale
-    assert _auto(_req(3000))[0] == "sdpa"            # nearer 4096
-    assert "n = 4096" in _auto(_req(3000))[1]
+    assert pick(_req(1536))[0] == "native"          # nearer 1024 on a log scale
+    assert pick(_req(3000))[0] == "sdpa"            # nearer 4096
+    assert "n = 4096" in pick(_req(3000))[1]
 
 
 @needs_native
 def test_a_kind_the_profile_did_not_measure_falls_back_to_the_class_rules():
     save_profile([_plain(mask="causal", native=1.0, sdpa=2.0)], [])
-    name, why = _auto(_req(1024))                    # no mask: not measured
+    name, why = pick(_req(1024))                    # no mask: not measured
     assert "this machine's profile" not in why
     q = torch.randn(1, 8, 1024, 64, dtype=torch.bfloat16)
     assert "has no measurement for this request's kind" in explain(q, q, q)
@@ -91,9 +107,9 @@ def test_masked_choice_takes_the_kernel_from_where_it_keeps_winning():
 def test_a_masked_request_follows_the_profile():
     save_profile([], [_masked(0.1, 3, 2), _masked(0.2, 1, 2), _masked(0.5, 1, 2)])
     cut = masks.padding(torch.tensor([1024 - 410]))                  # ~40% of the keys padded
-    assert _auto(_req(1024, mask=cut))[0] == "native"
+    assert pick(_req(1024, mask=cut))[0] == "native"
     few = masks.padding(torch.tensor([1024 - 40]))                   # ~4%
-    name, why = _auto(_req(1024, mask=few))
+    name, why = pick(_req(1024, mask=few))
     assert name == "sdpa" and "this machine's profile" in why
 
 

@@ -14,7 +14,7 @@ plans were kept). The ratio is fresh / kept, so > 1 means keeping plans is faste
     decide    auto's choice alone, DECISIONS times for each of the request kinds of ``_decide_requests``
               (plain, causal, decode, window, padding, dense mask; fp32 and bf16): kept,
               ``choose_backend(req, "auto")``, a look-up (``functional.auto_memo``); fresh, the whole rule
-              (``api._auto``) on every call, as before decisions were kept, with the masks' plans kept on
+              (``auto_rule.pick``) on every call, as before decisions were kept, with the masks' plans kept on
               both sides (with none kept, each masked decision classifies the mask's tiles again).
 
 The two sides' outputs must be identical (a plan is a pure function of the mask and the sizes); the
@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import masks
-from ..functional.api import _auto, choose_backend
+from ..functional.api import choose_backend
+from ..functional.auto_rule import pick
 from ..functional.mask_plan import caching
 from ..functional.request import AttentionRequest, make_request
 from ..functional.scope import use_backend
@@ -135,7 +136,7 @@ def _decide_fns(reqs: list[AttentionRequest]) -> dict[str, Callable]:
                     choose(req)
             return [choose(req) for req in reqs]
         return run
-    return {"kept": decide(lambda req: choose_backend(req, "auto").name), "fresh": decide(lambda req: _auto(req)[0])}
+    return {"kept": decide(lambda req: choose_backend(req, "auto").name), "fresh": decide(lambda req: pick(req)[0])}
 
 
 def _same(a, b) -> bool:

@@ -112,13 +112,14 @@ def _run_ranks(cfg: RingBenchConfig) -> tuple[list[list[float]], list[torch.Tens
 
 
 def _one_process(cfg: RingBenchConfig) -> tuple[list[float], torch.Tensor, str]:
-    from ..functional.api import _auto, attention
+    from ..functional.api import attention
+    from ..functional.auto_rule import pick
     from ..functional.request import make_request
     q, k, v = _inputs(cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.ranks * cfg.threads)
     try:
-        picked = _auto(make_request(q, k, v, causal=True))[0]
+        picked = pick(make_request(q, k, v, causal=True))[0]
         times = []
         with torch.no_grad():
             for r in range(cfg.repeats + 1):

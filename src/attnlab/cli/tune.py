@@ -61,8 +61,9 @@ def _show() -> int:
 
 
 def _print_choices(prof) -> None:
+    from ..functional.profile import tied
     for r in prof.plain:
-        win = min(("native", "sdpa"), key=lambda b: r["ms"][b])
+        win = "a tie: the built-in rule" if tied(r["ms"]) else min(("native", "sdpa"), key=lambda b: r["ms"][b])
         print(f"  {r['dtype']:9s} {r['mask']:6s} {r['mode']:6s} n={r['n']:<6d} native {r['ms']['native']:9.2f} ms"
               f"  sdpa {r['ms']['sdpa']:9.2f} ms  -> {win}")
     for r in prof.masked:

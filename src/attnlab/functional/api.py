@@ -8,284 +8,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import auto_rule
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_memo import decided
-from .backends.native import on_amx, on_tiles
+from .auto_rule import SMALL_PROBLEM, candidates, rule_source, skippable
 from .backends.reference import reference_attention
-from .backends.sdpa import NAN_SAFE_S, finite, sdpa_kernel_kind
-from .backends.tiled_plan import skip_grid
-from .bias import StructuredBias
-from .cpu import cpu_class
-from .profile import current_profile
+from .backends.sdpa import NAN_SAFE_S, finite
 from .dropout import new_seed
-from .mask_plan import planned
-from .masks import EMPTY, CausalMask, DenseMask
-from .patterns import BlockLayoutMask
+from .masks import CausalMask, DenseMask
 from .masks import parts as mask_parts
-from .registry import Backend, all_backends, get_backend
+from .registry import Backend, get_backend
 from .request import AttentionRequest, make_request
 from .scope import current_backend
 
 __all__ = ["attention", "explain", "choose_backend", "skippable"]
 
-# Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
-# than skipping saves, and SDPA with the dense mask is faster. The crossover was measured on the AMD Zen 4
-# by a script that is not in the repository (docs/benchmarks.md): a threshold, not a quoted figure.
-SMALL_PROBLEM = 512 * 512
-# Plain requests (no mask, or causal with L == S) -- the auto grids of docs/benchmarks.md ("auto against
-# the fastest exact backend", B=1 H=8 D=64, the idle AMD Zen 4, 2 threads; commands in
-# docs/benchmarks.md "Issue #14, second/third round"):
-# * fp32 and bf16 with D and Dv multiples of 16, where the compiled kernel runs its AVX-512
-#   micro-kernel (csrc/microkernel.cpp): it beat SDPA's flash kernel forward and backward, with and
-#   without a causal mask, at every n above 512^2 (TILES_MEASURED: the "one table" of n = 1024-16384,
-#   10-repeat medians up to 4096). The rules below are for other head dims, where its GEMMs are MKL's:
-# * fp32 causal: the compiled kernel beat SDPA's flash kernel at every n (forward 1.24x, 1.10x, 1.11x,
-#   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
-# * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
-#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
-# * bf16 (MKL's bf16 GEMM, no faster than fp32 on the Zen 4): the compiled kernel's forward wins only on
-#   causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x at 8192); without a mask, and with gradients,
-#   SDPA (native 0.75-0.96x).
-NATIVE_TRAIN_FROM = 4096 * 4096
-BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
-_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-# Every ratio above was measured on one CPU class, and a rule measured on one class can be wrong several-fold on
-# another (issue #27): each figure auto quotes names the CPU it was measured on.
-ZEN4 = "AMD Zen 4, AVX512-BF16 without AMX, 2 threads"
-XEON_AMX = "Intel Xeon with AMX, 2 threads"
-TILES_MEASURED = {
-    torch.float32: ("1.11-1.20x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.29-1.36x and "
-                    f"1.28-1.68x its forward+backward, at n = 1024-16384 ({ZEN4})"),
-    torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.67-1.89x and "
-                     f"1.78-1.96x its forward+backward, at n = 1024-16384 ({ZEN4})"),
-}
-# On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
-# does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
-# there (docs/benchmarks.md, "Issue #27: bf16 on AMX tiles", B=1 H=8, n = 1024-8192, D = 64 and 128):
-# * bf16 on AMX: the compiled kernel AMX_TRAIN of SDPA's forward+backward (the kernel). Its forward, since the
-#   softmax's own exp (amx.cpp; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
-#   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 (0.97-1.09x at 1024: a tie, SDPA), and
-#   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128.
-#   Its masked forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key
-#   padding that empties 3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9%
-#   on (`attnlab tune`, docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
-# * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
-#   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
-#   1.65-5.9x; 8 documents: 2.4-3.6x);
-# * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
-#   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
-AMX_TRAIN, AMX_CAUSAL_FWD, AMX_PLAIN_FWD = "1.24-1.81x", "1.00-1.24x", "1.00-1.26x"
-AMX_CAUSAL_FROM, AMX_PLAIN_FROM = 2048 * 2048, 4096 * 4096
-AMX_MEASURED = {
-    "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_TRAIN} SDPA's forward+backward "
-             f"without a mask or with a causal one, at n = 1024-8192, D = 64 and 128 ({XEON_AMX})"),
-    "bf16 forward": (f"bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured {AMX_CAUSAL_FWD} "
-                     f"SDPA's with a causal mask at n = 2048-8192 and {AMX_PLAIN_FWD} without one at n = 4096-8192, "
-                     f"D = 64 and 128 ({XEON_AMX})"),
-    "bf16 masked": ("bf16 forward on a CPU with AMX, key padding at n = 2048: the compiled kernel's AMX build "
-                    f"measured 1.15x SDPA's with its dense mask at 3% empty tiles, 1.25-2.2x from 9% ({XEON_AMX})"),
-    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.88-1.09x "
-                             "SDPA's at n = 1024 and 0.96-1.04x without a mask at n = 2048, D = 64 and 128: ties go "
-                             f"to SDPA ({XEON_AMX})"),
-    "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
-                   "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
-                   f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
-    "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
-                     f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
-    "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
-             f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
-             f"n = 1024, 4096 ({XEON_AMX})"),
-}
-AMX_BF16_MIN_SKIPPABLE = 0.03
-TILES_BF16_MIN_SKIPPABLE = 0.6
-# A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
-MIN_SKIPPABLE = 0.25
-# From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
-# in the sparse backend, which batches all its blocks, than in tiled, which walks them one span at a
-# time. Measured on the AMD Zen 4 (1 thread) by a script that is not in the repository, so no figure
-# is quoted (docs/benchmarks.md, "Issue #4"). On bands (window, dilated, global_window) tiled was
-# faster there: not picked.
-SPARSE_FROM = 8192 * 8192
-
-
-def _candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
-    return [(b, b.unsupported(req) or (None if b.exact else "approximate: auto never picks it"))
-            for b in all_backends()]
-
-
-def skippable(req: AttentionRequest) -> float:
-    """Fraction of the tiled kernel's tiles (``tiled_plan.skip_grid``) the mask leaves empty (0 without a mask).
-
-    Planned once per mask and (L, S, grid) (``mask_plan.planned``): classifying the tiles cost 0.15-0.36 ms
-    per call at n = 1024, more than a tenth of the masked call it decides (issue #29)."""
-    mask = req.mask
-    if mask is None:
-        return 0.0
-    key = (req.shape.L, req.shape.S, *skip_grid(req.q.dtype, mask))
-    return planned(mask, ("skippable", *key), lambda: float((mask.tile_kinds(*key) == EMPTY).float().mean()))
-
-
-def _auto(req: AttentionRequest) -> tuple[str, str]:
-    """(backend name, reason) for the fastest exact backend that honours ``req``."""
-    L, S = req.shape.L, req.shape.S
-    if req.q.is_meta:
-        return "reference", "meta tensors carry no data: the reference formula gives the output's shape and dtype"
-    runnable = {b.name for b, why in _candidates(req) if why is None}
-    if "triton" in runnable:                       # only where triton and CUDA are there (never on the CPU)
-        from .backends.triton_attn import prefer_triton
-        why = prefer_triton(req)
-        if why is not None:
-            return "triton", why
-    sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
-    plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
-    amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
-    if sdpa_ok and plain:
-        tuned = _tuned(req, plain=True) if "native" in runnable else None
-        if tuned is not None:
-            return tuned
-        why = _plain_native(req) if "native" in runnable else None
-        if why is not None:
-            return "native", why
-        return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
-                        "path" + _amx_note(req))
-    if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
-        return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
-    elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
-    if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
-        skip = skippable(req)
-        if skip < MIN_SKIPPABLE:
-            return "sdpa", (f"a dense mask with only {skip:.0%} empty tiles: SDPA's fused kernel applies it "
-                            f"faster than tiling can skip")
-    if ("sparse" in runnable and req.bias is None and L * S >= SPARSE_FROM
-            and any(isinstance(p, BlockLayoutMask) for p in mask_parts(req.mask))):
-        return "sparse", (f"a block layout ({req.mask!r}) at L*S = {L * S} >= {SPARSE_FROM}: its scattered "
-                          f"blocks are faster gathered into one batched matmul than walked tile by tile "
-                          f"(an AMD Zen 4 measurement whose command was not recorded)")
-    masked_only = sdpa_ok and "native" in runnable and req.bias is None and not elementwise
-    tuned = _tuned(req, plain=False) if masked_only else None
-    if tuned is not None:
-        return tuned
-    amx_kernel = amx_bf16 and on_amx(req.shape.D, req.shape.Dv)
-    if (sdpa_ok and amx_bf16 and "native" in runnable and not isinstance(req.bias, StructuredBias)
-            and not (amx_kernel and req.needs_grad)):
-        skip = skippable(req)
-        least = AMX_BF16_MIN_SKIPPABLE if amx_kernel else TILES_BF16_MIN_SKIPPABLE
-        if skip < least:
-            return "sdpa", (f"bf16 inference with a mask that leaves {skip:.0%} of the tiles empty (the compiled "
-                            f"kernel wins from {least:.0%}): "
-                            + (AMX_MEASURED["bf16 masked"] if amx_kernel else
-                               f"{AMX_MEASURED['bf16 tiles']}; with padding they measured 0.42-0.78x the sdpa "
-                               f"backend's speed, with a W = 256 window 1.65-5.9x"))
-    exact_kernel = "native" if "native" in runnable else "tiled"    # the compiled one where it is built
-    if exact_kernel in runnable and plain:             # no mask or bias, yet not SDPA's flash kernel
-        why = ("dropout" if req.dropout_p > 0.0 else "Dv != D" if req.v.shape[-1] != req.q.shape[-1] else
-               "an input whose last dim is not contiguous (stride != 1: expanded or transposed)")
-        return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
-                              f"the {exact_kernel} kernel keeps O(L + S) memory")
-    if "native" in runnable:
-        measured = (f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
-                    f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
-                    f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
-                    f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})" if amx_bf16 else
-                    f"measured 1.85-1.90x FlexAttention's fp32 forward on a W = 256 window, 8 documents and ALiBi "
-                    f"at n = 8192 ({ZEN4}; docs/benchmarks.md, 'Issue #14, third round')")
-        return "native", ("a mask or bias is involved: SDPA would compute every pair and need the dense (L, S) "
-                          "mask in memory; the compiled kernel visits only the keys each row may attend, reads "
-                          f"structured biases from O(n) tables and keeps O(L + S) memory ({measured}: "
-                          "docs/benchmarks.md)")
-    if "tiled" in runnable:
-        return "tiled", ("a mask or bias is involved: SDPA would compute every pair and need the dense "
-                         "(L, S) mask in memory; the tiled kernel skips empty tiles, computes structured "
-                         "masks and biases per tile and keeps O(L + S) memory")
-    for name in ("sdpa", "reference"):
-        if name in runnable:
-            return name, "the only exact backend that honours this request"
-    raise ValueError("no exact backend can compute this request: "
-                     + "; ".join(f"{b.name}: {why}" for b, why in _candidates(req) if why))
-
-
-def _tuned(req: AttentionRequest, plain: bool) -> Optional[tuple[str, str]]:
-    """('native' | 'sdpa', why) from this machine's profile (``attnlab tune``; functional/profile.py) for a
-    plain request, or a mask without a bias, where the profile measured one of the kind: same dtype, head
-    dims on the same kernel path as the profile's, above SMALL_PROBLEM scores (below it SDPA is fixed)."""
-    prof = current_profile()
-    dtype = _DTYPE_NAMES.get(req.q.dtype)
-    D, Dv, LS = req.shape.D, req.shape.Dv, req.shape.L * req.shape.S
-    if prof is None or dtype is None or LS <= SMALL_PROBLEM or _path(D, Dv) != _path(prof.D, prof.D):
-        return None
-    if plain:
-        return prof.plain_choice(dtype, req.is_causal_only, req.needs_grad, math.sqrt(LS))
-    return prof.masked_choice(dtype, req.needs_grad, skippable(req))
-
-
-def _path(D: int, Dv: int) -> tuple[bool, bool]:
-    """Which of the compiled kernel's paths head dims D, Dv take: (AVX-512 tiles, AMX tiles)."""
-    return on_tiles(D, Dv), on_amx(D, Dv)
-
-
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-
-
-def _rule_source(reason: str) -> str:
-    """The line ``explain()`` adds to say where auto's choice came from: this machine's profile or the
-    built-in rules of its CPU class (whose figures name the CPU they were measured on)."""
-    prof = current_profile()
-    if prof is not None and prof.source() in reason:
-        return "rule source: " + prof.source()
-    line = (f"rule source: the built-in rules for CPU class {cpu_class()!r} (each figure names the CPU it was "
-            "measured on)")
-    if prof is None:
-        return line + "; no profile for this machine (`attnlab tune` measures one)"
-    return line + f"; {prof.source()} has no measurement for this request's kind"
-
-
-def _plain_native(req: AttentionRequest) -> Optional[str]:
-    """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
-    dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
-    amx = cpu_class() == "amx"
-    if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
-        if not on_amx(req.shape.D, req.shape.Dv) or LS <= SMALL_PROBLEM:
-            return None
-        if req.needs_grad:
-            return AMX_MEASURED["bf16"]
-        return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else AMX_PLAIN_FROM) else None
-    tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv)
-    if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
-        return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
-    if tiles:
-        return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
-                f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
-    if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
-        return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
-                f"forward+backward at n = 1024-8192 ({ZEN4}; docs/benchmarks.md, auto grid)")
-    if dtype == torch.float32 and req.needs_grad and LS >= NATIVE_TRAIN_FROM:
-        return ("fp32 with gradients from n = 4096: the compiled kernel's forward+backward measured 1.07x "
-                f"SDPA's ({ZEN4}; docs/benchmarks.md, auto grid)")
-    if dtype == torch.bfloat16 and causal and not req.needs_grad and SMALL_PROBLEM < LS < BF16_CAUSAL_NATIVE_BELOW:
-        return ("bf16 causal forward below n = 8192 (head dims off the AVX-512 tiles): the compiled kernel "
-                f"measured 1.05-1.18x SDPA's ({ZEN4}; docs/benchmarks.md, auto grid)")
-    return None
-
-
-def _amx_note(req: AttentionRequest) -> str:
-    """What was measured on this class where a plain request goes to SDPA on a CPU with AMX ('' elsewhere)."""
-    if cpu_class() != "amx":
-        return ""
-    if req.q.dtype == torch.bfloat16:
-        return f"; {AMX_MEASURED['bf16 forward to sdpa' if on_amx(req.shape.D, req.shape.Dv) else 'bf16 tiles']}"
-    big = req.shape.L * req.shape.S > SMALL_PROBLEM
-    if req.q.dtype == torch.float32 and big and on_tiles(req.shape.D, req.shape.Dv):
-        return f"; {AMX_MEASURED['fp32 forward']}"
-    return ""
-
 
 def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
-    """Is this a request ``make_request`` would accept and ``_auto`` send to SDPA's flash kernel, with
+    """Is this a request ``make_request`` would accept and ``auto_rule.pick`` send to SDPA's flash kernel, with
     nothing for attnlab to add (no mask but causal with L == S, or with L == 1, where it masks nothing; no
     bias or dropout (GQA is SDPA's enable_gqa); q and k finite below NAN_SAFE_S keys; at most SMALL_PROBLEM
     scores per head)? Then SDPA's arguments (is_causal, scale, enable_gqa), else None, and ``attention``
     calls SDPA directly: validating and choosing through the request costs as much as the whole attention
-    of a 128-token head (tests/test_dispatch.py keeps this predicate and ``_auto`` in step).
+    of a 128-token head (tests/test_dispatch.py keeps this predicate and ``auto_rule.pick`` in step).
 
     Each shape and stride is read once: on a decode step this predicate is most of attnlab's cost over
     SDPA's own (a tensor attribute costs 0.15-0.5 us from Python; docs/benchmarks.md, issue #29)."""
@@ -315,7 +60,7 @@ _PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 def choose_backend(req: AttentionRequest, backend: str) -> Backend:
     """The backend to run: the named one (if it can honour ``req``) or auto's pick."""
     if backend == "auto":
-        return get_backend(decided(req, _auto)[0])      # decided once per kind of request (auto_memo.py)
+        return get_backend(decided(req, auto_rule.pick)[0])      # decided once per kind of request (auto_memo.py)
     b = get_backend(backend)
     why = b.unsupported(req)
     if why is None and req.q.is_meta and backend in ("tiled", "sparse") and \
@@ -324,7 +69,7 @@ def choose_backend(req: AttentionRequest, backend: str) -> Backend:
                          "mask's values to plan its tiles, and meta tensors have none; use backend='auto' or "
                          "'reference' to get the output's shape")
     if why is not None:
-        can = [c.name for c, w in _candidates(req) if c.unsupported(req) is None]
+        can = [c.name for c, w in candidates(req) if c.unsupported(req) is None]
         raise ValueError(f"backend {backend!r} cannot compute this request: {why}. Backends that can: {can}")
     return b
 
@@ -394,7 +139,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
     scoped = named == "auto" and current_backend() != "auto"
     named = current_backend() if named == "auto" else named
     req = make_request(q, k, v, **kwargs)
-    name, reason = _auto(req)
+    name, reason = auto_rule.pick(req)
     B, H, Hkv, L, S, D, Dv = req.shape
     lines = [f"request: B={B} H={H} Hkv={Hkv} L={L} S={S} D={D} Dv={Dv} dtype={q.dtype} "
              f"mask={req.mask!r} bias={'none' if req.bias is None else type(req.bias).__name__} "
@@ -406,8 +151,8 @@ def explain(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
         lines.append(f"{named} ({how}) -> " + (f"cannot compute this request: {cannot}" if cannot else
                                                f"runs: {b.summary}" + ("" if b.exact else " (approximate)")))
     lines.append(f"auto -> {name}: {reason}")
-    lines.append(_rule_source(reason))
-    for b, why in _candidates(req):
+    lines.append(rule_source(reason))
+    for b, why in candidates(req):
         if b.name == name:
             continue
         if why is None:

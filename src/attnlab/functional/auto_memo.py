@@ -3,7 +3,7 @@
 Choosing a backend asks every backend whether it can run the request, reads this machine's profile and
 classifies the mask's tiles: 35-70 us per call on the Intel Xeon with AMX (docs/benchmarks.md, issue #29),
 paid again by every layer of every step although the answer is the same. ``decided`` remembers the answer
-under the request's ``signature``, everything ``api._auto`` and the backends' ``unsupported`` read from it:
+under the request's ``signature``, everything ``auto_rule.pick`` and the backends' ``unsupported`` read from it:
 
 * dtype and sizes (B, H, Hkv, L, S, D, Dv); whether every input's last dim is contiguous (SDPA's kernel);
   whether gradients are wanted; dropout on or off; ``return_weights``; score capping on or off; a tensor
@@ -20,7 +20,7 @@ drops every decision (tests that swap the rules).
 
 Example::
 
-    name, why = decided(req, api._auto)      # the first call decides; the next of the same kind reads it
+    name, why = decided(req, auto_rule.pick)      # the first call decides; the next of the same kind reads it
 """
 from __future__ import annotations
 

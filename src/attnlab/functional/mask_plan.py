@@ -4,7 +4,7 @@ Every backend turns a ``Mask`` into a table before it runs: the tiled kernel its
 spans (``tiled_plan.make_plan``), the sparse kernel its chunks (``sparse_layout.make_layout``), the
 compiled kernel its row intervals and bit-packed rest (``native.mask_args``), the sdpa backend the dense
 bool mask it hands torch, the triton kernel its tile tables, ``auto`` the share of tiles it could skip
-(``api.skippable``). Each is a pure function of the mask and the problem's sizes,
+(``auto_rule.skippable``). Each is a pure function of the mask and the problem's sizes,
 so ``planned`` remembers it with the mask: a model that passes one mask object to every layer (the
 stacks in ``nn.blocks`` do) plans in its first layer and reads the plan in the others, and a loop that
 keeps one mask (a causal model's, at a fixed length) plans once for the whole run.

@@ -42,7 +42,7 @@ import torch
 from .cpu import cpu_features, cpu_model
 
 __all__ = ["Profile", "machine_key", "profile_dir", "profile_path", "current_profile", "save_profile",
-           "PROFILE_VERSION"]
+           "PROFILE_VERSION", "TIE", "tied"]
 
 PROFILE_VERSION = 1
 log = logging.getLogger(__name__)
@@ -94,6 +94,19 @@ def profile_path(key: Optional[dict] = None) -> Path:
     return profile_dir() / f"profile-{digest}.json"
 
 
+# Two timings of one tune closer than this are a tie. A tune times each pair a few times, and on the Intel Xeon
+# with AMX its ratio moved by up to 13% against the grid run beside it (bf16 forward without a mask at n = 1024:
+# native 1.03x SDPA in the tune, 0.90x in the grid; docs/benchmarks.md, "Issue #27: auto on a noisy day"). A tie
+# is left to the class's built-in rule, which rests on several runs, rather than to one tune's coin flip.
+TIE = 1.03
+
+
+
+def tied(ms: dict[str, float]) -> bool:
+    """Are a plain row's two timings ({"native": ms, "sdpa": ms}) within TIE of each other?"""
+    return max(ms.values()) < TIE * min(ms.values())
+
+
 @dataclass(frozen=True)
 class Profile:
     """A profile as read from disk: its rows, and the choices ``auto`` takes from them."""
@@ -124,13 +137,16 @@ class Profile:
 
     def plain_choice(self, dtype: str, causal: bool, grad: bool, n: float) -> Optional[tuple[str, str]]:
         """('native' | 'sdpa', why) for a plain request at ``n = sqrt(L * S)``, from the measured row of the
-        same dtype, mask and mode nearest to n on a log scale; None where none was measured."""
+        same dtype, mask and mode nearest to n on a log scale; None where none was measured, or where that
+        row is a tie (the two within TIE of each other)."""
         mask, mode = ("causal" if causal else "none"), ("fwdbwd" if grad else "fwd")
         rows = [r for r in self.plain if r["dtype"] == dtype and r["mask"] == mask and r["mode"] == mode]
         if not rows:
             return None
         r = min(rows, key=lambda r: abs(math.log(r["n"] / n)))
         win = min(("native", "sdpa"), key=lambda b: r["ms"][b])
+        if tied(r["ms"]):
+            return None                               # the class's built-in rule decides
         return win, (f"{dtype} {mask} {mode} at n = {r['n']}, D = {self.D}: native {r['ms']['native']:.3g} ms, "
                      f"sdpa {r['ms']['sdpa']:.3g} ms on {self.source()}")
 

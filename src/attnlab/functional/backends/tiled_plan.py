@@ -6,7 +6,7 @@ window costs one or two matmuls per query tile and an unmasked row of a causal m
 Masking work is done only on spans that contain a PARTIAL tile.
 
 The tile sizes live here too (``tile_sizes``, ``FINE_K``, ``skip_grid``): the kernel and
-``auto``'s estimate of how much a mask lets it skip (``api.skippable``) read them from one place.
+``auto``'s estimate of how much a mask lets it skip (``auto_rule.skippable``) read them from one place.
 
 Under ``torch.compile`` the schedule may not depend on tensor values (a graph cannot branch on
 them), so ``make_plan(..., static=True)`` visits every tile and masks every one of them: exact,
