@@ -8,7 +8,8 @@ where it holds a measurement and falls back on the class rules elsewhere. ``expl
 What a profile holds (JSON, one file per machine key, ``profile_dir()``):
 
 * ``plain``: rows (dtype, mask none|causal, mode fwd|fwdbwd, n, D) with the median ms of ``sdpa`` and
-  ``native``: ``auto`` takes the faster for a plain request of that kind at the nearest measured n;
+  ``native``: ``auto`` takes the faster for a plain request of that kind at the nearest measured n, unless
+  the two are within ``TIE`` of each other there (a tie, which the class rules decide);
 * ``masked``: rows (dtype, mode, n, D, skippable) with the same two timings, for key padding that leaves the
   fraction ``skippable`` of the tiles empty: ``auto`` takes the kernel from the smallest fraction at which it
   won (and won at every larger measured one), SDPA below it.
@@ -101,7 +102,6 @@ def profile_path(key: Optional[dict] = None) -> Path:
 TIE = 1.03
 
 
-
 def tied(ms: dict[str, float]) -> bool:
     """Are a plain row's two timings ({"native": ms, "sdpa": ms}) within TIE of each other?"""
     return max(ms.values()) < TIE * min(ms.values())
@@ -144,9 +144,9 @@ class Profile:
         if not rows:
             return None
         r = min(rows, key=lambda r: abs(math.log(r["n"] / n)))
-        win = min(("native", "sdpa"), key=lambda b: r["ms"][b])
         if tied(r["ms"]):
             return None                               # the class's built-in rule decides
+        win = min(("native", "sdpa"), key=lambda b: r["ms"][b])
         return win, (f"{dtype} {mask} {mode} at n = {r['n']}, D = {self.D}: native {r['ms']['native']:.3g} ms, "
                      f"sdpa {r['ms']['sdpa']:.3g} ms on {self.source()}")
 
