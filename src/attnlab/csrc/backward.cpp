@@ -160,25 +160,24 @@ class BackwardHead {
         std::fill(row + nk, row + ncols, acc_t(0));
         continue;
       }
+      bool fused = false;                                        // plain row on AMX: scale and exp in one pass
       if constexpr (std::is_same_v<acc_t, float>) {
-        if (amx_ && kind != kMasked && pb_.softcap == 0.0 && pb_.bias_kind == 0) {   // plain: scale and exp fused
-          row_exp_inplace(row, a, e, scale_, lse_r);
-          std::fill(row, row + a, acc_t(0));
-          std::fill(row + e, row + ncols, acc_t(0));
-          continue;
+        fused = amx_ && kind != kMasked && pb_.softcap == 0.0 && pb_.bias_kind == 0;
+        if (fused) row_exp_inplace(row, a, e, scale_, lse_r);
+      }
+      if (!fused) {
+        if (amx_) {                                              // the scale brgemm did not apply
+          const Vec vs(scale_);
+          int64_t j = a;
+          for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
+          for (; j < e; ++j) row[j] *= scale_;
         }
-      }
-      if (amx_) {                                                // the scale brgemm did not apply
-        const Vec vs(scale_);
+        row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * lds_);
+        const Vec vl(lse_r);
         int64_t j = a;
-        for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
-        for (; j < e; ++j) row[j] *= scale_;
+        for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
+        for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
       }
-      row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * lds_);
-      const Vec vl(lse_r);
-      int64_t j = a;
-      for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
-      for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
       std::fill(row, row + a, acc_t(0));
       std::fill(row + e, row + ncols, acc_t(0));
     }
