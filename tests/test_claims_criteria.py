@@ -35,7 +35,7 @@ def _link_row(sentence: str, verb: str, key: str, **measured) -> dict:
 
 _SEL = [_link_row(f"selection {i}", f"v{i}", f"s{i}") for i in range(3)]
 _HELD = [_link_row(TARGET.text, TARGET.verb, TARGET.subject), _link_row("held 1", "lay", "book")]
-_NS = [16, 64, 128, 512]
+_NS = [16, 64, 128, 1024]
 _FLOPS = {name: [layer_flops(n, 128)[name] for n in _NS] for name in ("elman", "lstm", "attention")}
 _B1 = {"elman": [2.0, 3.0, 4.0, 5.0], "lstm": [1.5, 2.0, 3.0, 1.0], "attention": [1.0, 1.0, 2.0, 9.0]}
 _B32 = {"elman": [1.0] * 4, "lstm": [2.0] * 4, "attention": [1.0, 1.5, 2.5, 4.0]}

@@ -174,6 +174,7 @@ def test_a_failing_counted_claim_still_fails_the_run(tmp_path, monkeypatch, caps
     assert verify_cli(["verify", "--out", str(tmp_path)], monkeypatch, entries) == 1
     out, err = capsys.readouterr()
     assert "FAIL   fails" in out and "1 of 2 claims pass; 1 refuted as recorded: NOT as recorded" in out
+    assert out.index("FAIL   fails") < out.index("not met: x >= 1 (measured: 0)") < out.index("refuted here (")
     assert err == ""                                                # nothing departs from the record
 
 

@@ -98,24 +98,26 @@ def _flops(ns, d=128):
 
 
 def test_judge_wall_time():
-    ns = [16, 64, 128, 512]                                   # d = 128: attention does 1.5x the LSTM's FLOPs at 512
+    ns = [16, 64, 128, 1024]                                  # d = 128: attention does 2.5x the LSTM's FLOPs at 1024
     t = {"elman": [2.0, 3.0, 4.0, 5.0], "lstm": [1.5, 2.0, 3.0, 1.0], "attention": [1.0, 1.0, 2.0, 9.0]}
     b32 = {"elman": [1.0, 1.0, 1.0, 1.0], "lstm": [2.0, 2.0, 2.0, 2.0], "attention": [1.0, 1.5, 2.5, 4.0]}
     fl = _flops(ns)
 
     def judge(times=t, width=128, times_b32=b32, flops=fl):
         return all_passed(judge_wall_time(ns, times, width, times_b32, flops))
-    assert judge()                                            # batch 1: n = 512 > d is not judged
-    assert not judge(width=512)
+    assert judge()                                            # batch 1: n = 1024 > d is not judged
+    assert not judge(width=1024)
     assert not judge({**t, "lstm": [1.5, 0.9, 3.0, 1.0]})
     assert not judge(width=8)                                 # no n <= d: nothing to judge is not a pass
     assert not judge({"attention": t["attention"]})
     # batch 32: attention faster than the LSTM where it does more work contradicts "time follows work"
     assert not judge(times_b32={**b32, "attention": [1.0, 1.5, 2.5, 1.9]})
     assert not judge(times_b32=None)                          # batch 32 not measured is not a pass
-    assert not judge(flops=_flops(ns, d=1024))                # no n > 2d: the batch-32 check has nothing to judge
+    assert not judge(flops=_flops(ns, d=1024))                # no n >= 6d: the batch-32 check has nothing to judge
+    ns_15 = [16, 64, 128, 512]                                # 1.5x the LSTM's FLOPs at 512: below the margin
+    assert not all_passed(judge_wall_time(ns_15, t, 128, b32, _flops(ns_15)))
     checks = judge_wall_time(ns, t, 128, b32, fl)
-    assert "beats the LSTM at n in [16, 64] and loses at n in [128, 512]" in checks[-1].measured
+    assert "beats the LSTM at n in [16, 64] and loses at n in [128, 1024]" in checks[-1].measured
 
 
 def test_layer_flops_match_the_counted_products():

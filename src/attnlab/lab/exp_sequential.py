@@ -50,9 +50,12 @@ _FUSED_ATTENTION = {getattr(_aten, name).default for name in (
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention") if hasattr(_aten, name)}
 # Fused recurrences whose inner loop the mode cannot see (run under ``native_rnn`` to count them).
 _OPAQUE = {"mkldnn_rnn_layer", "lstm", "gru", "rnn_tanh", "_thnn_fused_lstm_cell"}
-# Batch 32 is judged where attention does clearly more matrix-product work than the LSTM (a ratio
-# near 1 is a tie that timing noise may call either way).
-WORK_MARGIN = 1.25
+# Batch 32 is judged where attention does clearly more matrix-product work than the LSTM. Near a ratio
+# of 1 the outcome is not the theory's but the BLAS library's: at 1.25-1.5x (n = 3d-4d) how well each
+# CPU runs attention's per-head products against the LSTM's (32 x d)(d x 4d) steps decides, and the LSTM
+# won from n = 128 on the Zen 4, from n = 512 on a Zen 3 (AVX2), while a CI run on another machine failed
+# the check at n = 512 (4 Dec 2026). From 2x (n >= 6d) time follows work on every CPU measured.
+WORK_MARGIN = 2.0
 
 
 @dataclass
@@ -189,8 +192,9 @@ def judge_wall_time(ns: list[int], times_b1: dict[str, list[float]], width: int,
     judged = [i for i, r in enumerate(ratio) if r >= more_work and i < min(len(att32), len(lstm32))]
     wrong = [ns[i] for i in judged if att32[i] < lstm32[i]]
     faster, slower = _wins(ns, att32, lstm32)
-    checks.append(Check(f"batch 32, every n where attention's matrix-product FLOPs are >= {more_work}x the LSTM's "
-                        "(8nd^2 + 4n^2d vs 16nd^2: n > 2d): attention is slower than the LSTM (a batch gives each "
+    checks.append(Check(f"batch 32, every n where attention's matrix-product FLOPs are >= {more_work:g}x the LSTM's "
+                        f"(8nd^2 + 4n^2d vs 16nd^2: n >= {4 * more_work - 2:g}d): attention is slower than the "
+                        "LSTM (a batch gives each "
                         "recurrent step matmul-sized work, so time follows work)",
                         bool(judged) and not wrong,
                         (f"attention faster at n in {wrong}" if wrong else
@@ -291,7 +295,7 @@ def _time_layers(layers: dict[str, nn.Module], x: Tensor, repeats: int) -> dict[
 def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
     """Wall time of an RNN layer vs an attention layer as n grows, at batch 1 and 32."""
     dim, heads = 128, 4
-    ns = [16, 32, 64, 128, 256, 512] if ctx.quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
+    ns = [16, 32, 64, 128, 256, 512, 1024] if ctx.quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
     batches, repeats = [1, 32], (7 if ctx.quick else 11)
     layers = layers_for_timing(dim, heads, ctx.seed)
     times: dict[int, dict[str, list[float]]] = {b: {name: [] for name in layers} for b in batches}   # fastest
@@ -322,7 +326,7 @@ def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
                   "layer that must take n dependent steps, where the recurrence cannot fill the machine (batch 1, "
                   "n < d: Vaswani et al. 2017, section 4). The advantage is the critical path, not the work: once "
                   "a batch gives each recurrent step matmul-sized work, time follows FLOPs, and attention loses "
-                  "wherever it does more of them (n > 2d against an LSTM).",
+                  "once it does clearly more of them (twice the LSTM's from n = 6d).",
         criterion=f"forward time (fastest of {repeats} interleaved runs, one thread, float32, no grad) of "
                   f"AttentionLayer(d={dim}, {heads} heads), ElmanRNN and torch's LSTM at n in {ns}, batch 1 and "
                   "32; FLOPs = the layers' matrix products (layer_flops, the count critical_path makes); medians "
