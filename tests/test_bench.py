@@ -11,6 +11,7 @@ import torch
 
 from attnlab.bench import MASK_KINDS, Case, allowed_pairs, extrapolate, fit_power_law, measure_peak, useful_flops
 from attnlab.bench.cases import attnlab_mask, flex_mods, sdpa_kwargs
+from attnlab.measure import timing
 from attnlab.measure.timing import time_interleaved
 from attnlab.cli import main
 
@@ -180,6 +181,26 @@ def test_interleaved_timing_runs_round_robin():
     times = time_interleaved([lambda: calls.append("a"), lambda: calls.append("b")], repeats=3)
     assert calls == ["a", "b"] * 3
     assert [len(t) for t in times] == [3, 3] and all(x >= 0 for t in times for x in t)
+
+
+def test_mkl_bf16_gemm_is_the_product():
+    gemm = timing._mkl_bf16_gemm()
+    if gemm is None:
+        pytest.skip("this torch build exports no cblas_gemm_bf16bf16f32")
+    a, b = torch.randn(33, 20).bfloat16(), torch.randn(20, 47).bfloat16()     # odd sizes: lda, ldb, ldc
+    out = gemm(a, b)
+    assert out.dtype == torch.float32 and out.shape == (33, 47)
+    torch.testing.assert_close(out, a.double().matmul(b.double()).float(), atol=1e-4, rtol=1e-5)
+
+
+def test_a_slow_gemm_is_measured_at_a_smaller_size(monkeypatch):
+    """A GEMM whose 256^3 probe says a 2048^3 call takes minutes (torch's bf16 fallback off AVX-512) is
+    timed at a size whose call fits MAX_CALL_S; a fast one at the size asked."""
+    clock = iter(range(1000))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))    # every call: 1 s
+    assert timing._affordable_size(lambda a, b: None, torch.float32, 2048) == 256
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: 0.0)                   # every call: free
+    assert timing._affordable_size(lambda a, b: None, torch.float32, 2048) == 2048
 
 
 def test_every_report_footer_warns_of_a_busy_machine_the_same_way():

@@ -13,6 +13,7 @@ import os
 from typing import Optional
 
 from ..measure.machine import busy_warning, cpu_label
+from ..measure.timing import MAX_CALL_S
 
 __all__ = ["format_table", "write_json", "fmt_bytes"]
 
@@ -62,7 +63,8 @@ def _footer(report: dict) -> list[str]:
     c = meta.get("config", {})
     lines = [f"shape: B={c.get('batch')} H={c.get('heads')} D={c.get('head_dim')}, self-attention L = S = n; "
              f"{meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}",
-             "GEMM peak (measured: fastest of 10 2048^3 matmuls, at start and end): "
+             ("GEMM peak (measured: fastest of 10 2048^3 matmuls, smaller where one call would take over "
+              f"{MAX_CALL_S} s; bf16 the faster of torch's and MKL's bf16 GEMM; at start and end): ")
              + ", ".join(f"{dt} {g:.0f} GFLOP/s" for dt, g in meta["gemm_peak_gflops"].items()),
              f"GFLOP/s: {meta['flops']}",
              f"{meta['ratios']}",
