@@ -102,6 +102,37 @@ AMX_MEASURED = {
              f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
              f"n = 1024, 4096 ({XEON_AMX})"),
 }
+# On a CPU without AVX-512 (class avx2, and "other") torch has no fast bf16 GEMM: oneDNN's bf16 matmul needs
+# AVX-512, and the fallback ran at 0.9-1.4 GFLOP/s where MKL's cblas_gemm_bf16bf16f32, which the compiled kernel
+# and SDPA's forward call, ran at 118-184 (ZEN3 below, 4 Dec 2026). SDPA's bf16 backward runs on the fallback;
+# the compiled kernel's does not. Measured there (docs/benchmarks.md, "Issue #27: auto on an AMD EPYC Zen 3
+# with AVX2", B=1 H=8 D=64, n = 1024-16384):
+# * bf16 with gradients: the compiled kernel 5.6-7.5x SDPA's forward+backward (1.5-8.0x at n = 64-512);
+# * fp32 causal: the kernel 1.26x SDPA's forward at n = 1024, a tie at 4096 (1.00x), then 0.94x, 0.81x at
+#   8192, 16384 (AVX2_CAUSAL_FWD_BELOW); with gradients 1.28x, 1.08x, 1.06x at n = 1024, 4096, 8192;
+# * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x), the kernel with gradients from
+#   n = 4096 (NATIVE_TRAIN_FROM: 0.95x at 1024, 1.03x, 1.06x at 4096, 8192); bf16 causal forward, the kernel
+#   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
+ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
+NO_BF16_GEMM = ("avx2", "other")
+AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
+AVX2_MEASURED = {
+    "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
+                      "calls) is a scalar fallback: the compiled kernel measured 5.6-7.5x SDPA's forward+backward at "
+                      f"n = 1024, 4096 and 1.5-8.0x at n = 64-512 ({ZEN3})"),
+    "fp32 causal": ("fp32 causal: the compiled kernel measured 1.26x SDPA's forward at n = 1024 and 1.28x, 1.08x, "
+                    f"1.06x its forward+backward at n = 1024, 4096, 8192 ({ZEN3})"),
+    "fp32 training": ("fp32 with gradients from n = 4096: the compiled kernel measured 1.03x, 1.06x SDPA's "
+                      f"forward+backward at n = 4096, 8192 (0.95x at 1024) ({ZEN3})"),
+    "bf16 causal": ("bf16 causal forward below n = 8192: the compiled kernel measured 1.14x, 1.04x SDPA's at "
+                    f"n = 1024, 4096 (0.90x at 8192) ({ZEN3})"),
+    "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.97x SDPA's "
+                        "without a mask at n = 1024-16384, and with a causal one 1.00x, 0.94x, 0.81x at n = 4096, "
+                        f"8192, 16384 ({ZEN3})"),
+    "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
+               "1.6-1.9x with ALiBi, 3.1-12.3x with a W = 256 window and 5.9-6.7x with 8 documents at n = 1024, "
+               f"4096 ({ZEN3})"),
+}
 AMX_BF16_MIN_SKIPPABLE = 0.03
 TILES_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
@@ -147,6 +178,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
+    if req.q.dtype == torch.bfloat16 and req.needs_grad and cpu_class() in NO_BF16_GEMM and "native" in runnable:
+        return "native", AVX2_MEASURED["bf16 training"]
     if sdpa_ok and plain:
         tuned = _tuned(req, plain=True) if "native" in runnable else None
         if tuned is not None:
@@ -155,7 +188,7 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
         if why is not None:
             return "native", why
         return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
-                        "path" + _amx_note(req))
+                        "path" + _class_note(req))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
@@ -191,7 +224,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
         return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
                               f"the {exact_kernel} kernel keeps O(L + S) memory")
     if "native" in runnable:
-        measured = (f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
+        measured = (AVX2_MEASURED["masked"] if cpu_class() in NO_BF16_GEMM else
+                    f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
                     f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
                     f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
                     f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})" if amx_bf16 else
@@ -264,6 +298,8 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if tiles:
         return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
                 f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
+    if cpu_class() in NO_BF16_GEMM:
+        return _plain_native_avx2(dtype, causal, req.needs_grad, LS)
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
                 f"forward+backward at n = 1024-8192 ({ZEN4}; docs/benchmarks.md, auto grid)")
@@ -276,8 +312,26 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     return None
 
 
-def _amx_note(req: AttentionRequest) -> str:
-    """What was measured on this class where a plain request goes to SDPA on a CPU with AMX ('' elsewhere)."""
+def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: int) -> Optional[str]:
+    """``_plain_native`` on a CPU without AVX-512 (bf16 with gradients is decided before: the kernel)."""
+    if LS <= SMALL_PROBLEM:
+        return None
+    if dtype == torch.float32 and causal and (needs_grad or LS < AVX2_CAUSAL_FWD_BELOW):
+        return AVX2_MEASURED["fp32 causal"]
+    if dtype == torch.float32 and needs_grad and LS >= NATIVE_TRAIN_FROM:
+        return AVX2_MEASURED["fp32 training"]
+    if dtype == torch.bfloat16 and causal and not needs_grad and LS < BF16_CAUSAL_NATIVE_BELOW:
+        return AVX2_MEASURED["bf16 causal"]
+    return None
+
+
+def _class_note(req: AttentionRequest) -> str:
+    """What was measured on this CPU's class where a plain request goes to SDPA ('' where nothing was)."""
+    if cpu_class() in NO_BF16_GEMM:
+        if req.shape.L * req.shape.S <= SMALL_PROBLEM:
+            return ""
+        return "; " + (f"the compiled kernel measured 0.95x SDPA's fp32 forward+backward without a mask at n = 1024 "
+                       f"({ZEN3})" if req.needs_grad else AVX2_MEASURED["forward to sdpa"])
     if cpu_class() != "amx":
         return ""
     if req.q.dtype == torch.bfloat16:
