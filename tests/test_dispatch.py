@@ -79,6 +79,20 @@ OTHERS = {
 }
 
 
+@pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
+def test_bf16_training_without_avx512_takes_the_full_path(cls, monkeypatch):
+    """Where torch has no fast bf16 GEMM (no AVX-512), auto sends bf16 with gradients to the compiled kernel at
+    every size: the shortcut must not send it to SDPA (it did, at n = 64-512: 1.4-8x slower)."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
+    q, k, v = qkv(L=64, S=64, dtype=torch.bfloat16)
+    assert api._plain_small(q, k, v, True, None)                          # inference: SDPA on both
+    q.requires_grad_()
+    assert bool(api._plain_small(q, k, v, True, None)) == (cls == "avx512_bf16")
+    with torch.no_grad():
+        assert api._plain_small(q, k, v, True, None)
+    assert auto_rule.pick(make_request(q, k, v, causal=True))[0] == ("sdpa" if cls == "avx512_bf16" else "native")
+
+
 @pytest.mark.parametrize("name", OTHERS)
 def test_other_requests_take_the_full_path(name):
     shape, kw = OTHERS[name]

@@ -50,6 +50,9 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and q.stride()[-1] == 1 and k.stride()[-1] == 1 and v.stride()[-1] == 1
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
+    if (dt is torch.bfloat16 and (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
+            and auto_rule.cpu_class() in auto_rule.NO_BF16_GEMM):        # bf16 training without AVX-512: the kernel
+        return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv
 
