@@ -106,3 +106,16 @@ def test_attnlab_help_lists_every_command_and_every_task(capsys):
     out = capsys.readouterr().out
     assert "explain" in out and all(name in out for name in task_names()), out
     assert {"vqa", "code"} <= set(task_names())
+
+
+def test_every_command_prints_its_help(capsys):
+    """argparse %-formats help texts: a bare '%' in one (e.g. "25% of the CPUs") was a traceback."""
+    import argparse
+
+    from attnlab.cli import build_parser
+    commands = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)][0].choices
+    assert "tune" in commands
+    for name in commands:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0 and f"usage: attnlab {name}" in capsys.readouterr().out, name

@@ -42,7 +42,7 @@ def add_tune(sub) -> None:
     p.add_argument("--head-dim", type=_positive_int, default=64, help="D of every case (default 64)")
     p.add_argument("--repeats", type=_positive_int, help="timed runs per contestant (default: adaptive, 3-10)")
     p.add_argument("--keep-busy", action="store_true", help="save the profile even if other processes used "
-                   f"more than {BUSY_LIMIT:.0%} of the CPUs during the run")
+                   f"more than {BUSY_LIMIT * 100:.0f}%% of the CPUs during the run")   # %%: argparse formats help
     p.add_argument("--show", action="store_true", help="print the profile auto reads now and exit")
     p.add_argument("--forget", action="store_true", help="remove this machine's profile and exit")
     p.set_defaults(run=run_tune_command)
