@@ -82,7 +82,7 @@ OTHERS = {
 @pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
 def test_bf16_training_without_avx512_takes_the_full_path(cls, monkeypatch):
     """Where torch has no fast bf16 GEMM (no AVX-512), auto sends bf16 with gradients to the compiled kernel at
-    every size: the shortcut must not send it to SDPA (it did, at n = 64-512: 1.4-8x slower)."""
+    every size: the shortcut must not send it to SDPA (it did, at n = 64-512: 1.2-8.3x slower)."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
     q, k, v = qkv(L=64, S=64, dtype=torch.bfloat16)
     assert api._plain_small(q, k, v, True, None)                          # inference: SDPA on both

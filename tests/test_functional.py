@@ -286,7 +286,7 @@ def avx2(monkeypatch):
 
 
 def test_without_avx512_auto_sends_bf16_training_to_the_compiled_kernel_at_every_size(avx2):
-    """torch's bf16 GEMM is a scalar fallback there and SDPA's backward runs on it (5.6-7.5x): no size, mask
+    """torch's bf16 GEMM is a scalar fallback there and SDPA's backward runs on it (5.3-7.5x): no size, mask
     or head dim sends bf16 with gradients to SDPA, not even the small-problem and dense-mask rules."""
     for n, D, kw in ((4096, 64, {}), (1024, 64, dict(causal=True)), (64, 64, {}), (1024, 40, {}),
                      (1024, 64, dict(mask=torch.rand(1024, 1024) > 0.5))):

@@ -107,7 +107,7 @@ AMX_MEASURED = {
 # and SDPA's forward call, ran at 118-184 (ZEN3 below, 4 Dec 2026). SDPA's bf16 backward runs on the fallback;
 # the compiled kernel's does not. Measured there (docs/benchmarks.md, "Issue #27: auto on an AMD EPYC Zen 3
 # with AVX2", B=1 H=8 D=64, n = 1024-16384):
-# * bf16 with gradients: the compiled kernel 5.6-7.5x SDPA's forward+backward (1.5-8.0x at n = 64-512);
+# * bf16 with gradients: the compiled kernel 5.3-7.5x SDPA's forward+backward (1.2-8.3x at n = 64-512);
 # * fp32 causal: the kernel 1.26x SDPA's forward at n = 1024, a tie at 4096 (1.00x), then 0.94x, 0.81x at
 #   8192, 16384 (AVX2_CAUSAL_FWD_BELOW); with gradients 1.28x, 1.08x, 1.06x at n = 1024, 4096, 8192;
 # * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x), the kernel with gradients from
@@ -118,8 +118,8 @@ NO_BF16_GEMM = ("avx2", "other")
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
-                      "calls) is a scalar fallback: the compiled kernel measured 5.6-7.5x SDPA's forward+backward at "
-                      f"n = 1024, 4096 and 1.5-8.0x at n = 64-512 ({ZEN3})"),
+                      "calls) is a scalar fallback: the compiled kernel measured 5.3-7.5x SDPA's forward+backward at "
+                      f"n = 1024, 4096 and 1.2-8.3x at n = 64-512 ({ZEN3})"),
     "fp32 causal": ("fp32 causal: the compiled kernel measured 1.26x SDPA's forward at n = 1024 and 1.28x, 1.08x, "
                     f"1.06x its forward+backward at n = 1024, 4096, 8192 ({ZEN3})"),
     "fp32 training": ("fp32 with gradients from n = 4096: the compiled kernel measured 1.03x, 1.06x SDPA's "
