@@ -98,7 +98,7 @@ def gemm_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) ->
 
     bfloat16 is the faster of torch's matmul and MKL's ``cblas_gemm_bf16bf16f32``, the GEMM the compiled
     kernel and torch's CPU attention call: on a CPU without AVX-512 torch's bf16 matmul is a scalar
-    fallback (0.9-1.4 GFLOP/s on an AMD EPYC Zen 3 with AVX2, 4 Dec 2026, against MKL's 118-130), and
+    fallback (0.9-1.4 GFLOP/s on an AMD EPYC Zen 3 with AVX2, 4 Dec 2026, against MKL's 118-184), and
     a 2048^3 call of it takes 17 s. A GEMM whose first small call says it would take more than
     ``MAX_CALL_S`` at ``size`` is measured at a smaller size.
     """
