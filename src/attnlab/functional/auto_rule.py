@@ -109,7 +109,8 @@ AMX_MEASURED = {
 # with AVX2", B=1 H=8 D=64, n = 1024-16384):
 # * bf16 with gradients: the compiled kernel 5.3-7.5x SDPA's forward+backward (1.2-8.3x at n = 64-512);
 # * fp32 causal: the kernel 1.26x SDPA's forward at n = 1024, a tie at 4096 (1.00x), then 0.94x, 0.81x at
-#   8192, 16384 (AVX2_CAUSAL_FWD_BELOW); with gradients 1.28x, 1.08x, 1.06x at n = 1024, 4096, 8192;
+#   8192, 16384 in one run and 0.97x at both in a second (AVX2_CAUSAL_FWD_BELOW: SDPA by a little from
+#   4096); with gradients 1.28x, 1.08x, 1.06x at n = 1024, 4096, 8192;
 # * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x), the kernel with gradients from
 #   n = 4096 (NATIVE_TRAIN_FROM: 0.95x at 1024, 1.03x, 1.06x at 4096, 8192); bf16 causal forward, the kernel
 #   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
@@ -127,8 +128,8 @@ AVX2_MEASURED = {
     "bf16 causal": ("bf16 causal forward below n = 8192: the compiled kernel measured 1.14x, 1.04x SDPA's at "
                     f"n = 1024, 4096 (0.90x at 8192) ({ZEN3})"),
     "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.97x SDPA's "
-                        "without a mask at n = 1024-16384, and with a causal one 1.00x, 0.94x, 0.81x at n = 4096, "
-                        f"8192, 16384 ({ZEN3})"),
+                        "without a mask at n = 1024-16384, and with a causal one 1.00x at n = 4096 and 0.81-0.97x at "
+                        f"8192 and 16384 in two runs ({ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.6-1.9x with ALiBi, 3.1-12.3x with a W = 256 window and 5.9-6.7x with 8 documents at n = 1024, "
                f"4096 ({ZEN3})"),
