@@ -51,7 +51,7 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
     if (dt is torch.bfloat16 and (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
-            and auto_rule.cpu_class() in auto_rule.NO_BF16_GEMM):        # bf16 training without AVX-512: the kernel
+            and auto_rule.no_bf16_gemm()):                               # bf16 training without AVX-512: the kernel
         return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv

@@ -31,7 +31,7 @@ from .profile import TIE, current_profile
 from .registry import Backend, all_backends
 from .request import AttentionRequest
 
-__all__ = ["pick", "candidates", "rule_source", "skippable", "SMALL_PROBLEM"]
+__all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "SMALL_PROBLEM"]
 
 # Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
 # than skipping saves, and SDPA with the dense mask is faster. The crossover was measured on the AMD Zen 4
@@ -116,6 +116,14 @@ AMX_MEASURED = {
 #   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
 ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
+
+
+def no_bf16_gemm() -> bool:
+    """Is this a CPU without AVX-512 (``NO_BF16_GEMM``), where torch's bf16 GEMM is a scalar fallback and
+    the rules measured on the Zen 3 apply?"""
+    return cpu_class() in NO_BF16_GEMM
+
+
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
@@ -179,7 +187,7 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
-    if req.q.dtype == torch.bfloat16 and req.needs_grad and cpu_class() in NO_BF16_GEMM and "native" in runnable:
+    if req.q.dtype == torch.bfloat16 and req.needs_grad and no_bf16_gemm() and "native" in runnable:
         return "native", AVX2_MEASURED["bf16 training"]
     if sdpa_ok and plain:
         tuned = _tuned(req, plain=True) if "native" in runnable else None
@@ -225,7 +233,7 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
         return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
                               f"the {exact_kernel} kernel keeps O(L + S) memory")
     if "native" in runnable:
-        measured = (AVX2_MEASURED["masked"] if cpu_class() in NO_BF16_GEMM else
+        measured = (AVX2_MEASURED["masked"] if no_bf16_gemm() else
                     f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
                     f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
                     f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
@@ -299,7 +307,7 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if tiles:
         return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
                 f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
-    if cpu_class() in NO_BF16_GEMM:
+    if no_bf16_gemm():
         return _plain_native_avx2(dtype, causal, req.needs_grad, LS)
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
@@ -328,9 +336,9 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: i
 
 def _class_note(req: AttentionRequest) -> str:
     """What was measured on this CPU's class where a plain request goes to SDPA ('' where nothing was)."""
-    if cpu_class() in NO_BF16_GEMM:
-        if req.shape.L * req.shape.S <= SMALL_PROBLEM:
-            return ""
+    if no_bf16_gemm():
+        if req.shape.L * req.shape.S <= SMALL_PROBLEM or (req.needs_grad and req.q.dtype != torch.float32):
+            return ""                                  # (bf16 training reaches SDPA only without the kernel)
         return "; " + (f"the compiled kernel measured 0.95x SDPA's fp32 forward+backward without a mask at n = 1024 "
                        f"({ZEN3})" if req.needs_grad else AVX2_MEASURED["forward to sdpa"])
     if cpu_class() != "amx":
