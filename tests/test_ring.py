@@ -7,6 +7,8 @@ group is joined with a deadline, so a hang fails the test instead of stalling th
 """
 from __future__ import annotations
 
+import gc
+import os
 import time
 from datetime import timedelta
 
@@ -139,6 +141,24 @@ def _worker_dead_peer(rank: int, world: int, port: int, how: str) -> None:
     out.sum().backward()                                 # rank 0 must raise within the 4 s timeout
 
 
+def _threads() -> list[str]:
+    """This process's thread names (Linux /proc)."""
+    tasks = "/proc/self/task"
+    return sorted(open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks))
+
+
+def _worker_teardown(rank: int, world: int, port: int) -> None:
+    before = _threads()
+    _init(rank, world, port, 30)
+    q = torch.randn(1, 2, 8, 8, requires_grad=True)
+    ring_attention(q, q, q, causal=True).sum().backward()    # the compiled kernel's first call in this process
+    dist.destroy_process_group()
+    gc.collect()
+    # A group something still holds keeps its gloo threads past the interpreter's end, where releasing
+    # the last collective's tensors aborts the process (SIGABRT) now and then.
+    assert _threads() == before, f"rank {rank}: threads {before} before the group, {_threads()} after destroying it"
+
+
 # ----------------------------------------------------------------------------- tests
 
 def _case(causal, layout, H=4, Hkv=4, padding=False, N=16, S=None, B=2, D=8, Dv=None, seed=0):
@@ -160,6 +180,11 @@ def test_ring_matches_reference_four_ranks():
              _case(True, "contiguous", padding=True, N=20, seed=2),
              _case(False, "zigzag", H=2, Hkv=1, padding=True, N=16, seed=3)]
     _run_ranks(_worker_parity, 4, cases)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread names come from Linux /proc")
+def test_destroyed_group_leaves_no_threads():
+    _run_ranks(_worker_teardown, 2)
 
 
 @pytest.mark.parametrize("how, cause", [

@@ -35,6 +35,13 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+# Imported now, before any process group exists: its functions take `group=group.WORLD` as a default,
+# evaluated when the module loads. torch._dynamo loads it on the first call of a torch.library custom op
+# (the compiled kernel is one); loaded then, it would hold the default group forever, so
+# destroy_process_group could not free it, and its gloo worker threads, still releasing the tensors of
+# the last collective, abort the process at exit ("terminate called without an active exception").
+# `import attnlab` imports this module, so this covers every group created after that import.
+import torch.distributed.nn.functional
 from torch import Tensor
 
 from .backends import native
