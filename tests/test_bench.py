@@ -176,11 +176,29 @@ def test_power_law_fit_recovers_exponent():
         fit_power_law([1024], [1.0])
 
 
-def test_interleaved_timing_runs_round_robin():
+def test_interleaved_timing_runs_round_robin_in_both_orders():
     calls = []
-    times = time_interleaved([lambda: calls.append("a"), lambda: calls.append("b")], repeats=3)
-    assert calls == ["a", "b"] * 3
-    assert [len(t) for t in times] == [3, 3] and all(x >= 0 for t in times for x in t)
+    fns = [lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")]
+    times = time_interleaved(fns, repeats=3)             # rounded up to a whole pair of rounds
+    assert calls == ["a", "b", "c", "c", "b", "a"] * 2
+    assert [len(t) for t in times] == [4, 4, 4] and all(x >= 0 for t in times for x in t)
+    calls.clear()
+    assert [len(t) for t in time_interleaved(fns[:1], repeats=3)] == [3]    # one function: no pairs needed
+
+
+def test_interleaved_timing_cancels_what_ran_before(monkeypatch):
+    # A fake clock in which a run costs 1 s when it opens a round and 1.1 s after another run: timed
+    # in one fixed order, the second function would look 10% slower than the first; pairs cancel that.
+    clock, runs = [0.0], [0]
+
+    def run():
+        clock[0] += 1.0 if runs[0] % 2 == 0 else 1.1
+        runs[0] += 1
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    ta, tb = time_interleaved([run, run], repeats=4)
+    assert sorted(ta) == pytest.approx([1.0, 1.0, 1.1, 1.1]) and sorted(tb) == pytest.approx([1.0, 1.0, 1.1, 1.1])
+    assert statistics.median(b / a for a, b in zip(ta, tb)) == pytest.approx((1.1 + 1 / 1.1) / 2)  # ~1.005
 
 
 def test_mkl_bf16_gemm_is_the_product():

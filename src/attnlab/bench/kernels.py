@@ -52,7 +52,7 @@ class BenchConfig:
     head_dim: int = 64
     window: int = 256                      # W of the causal sliding window
     docs: int = 8                          # packed documents per sequence
-    repeats: Optional[int] = None          # timed runs per contestant; None = adaptive (3-10 runs, ~0.5 s)
+    repeats: Optional[int] = None          # timed runs per contestant (even); None = adaptive (4-10)
     flex: bool = True                      # run torch FlexAttention (compiled) as a peer
     flex_cases: Optional[list[tuple[str, int]]] = None   # (mask, n) pairs flex runs for; None = all
     reference_max_n: Optional[int] = 4096  # the O(n^2) reference is skipped above this; None = no cap

@@ -357,7 +357,8 @@ def add_bench(sub) -> None:
     b.add_argument("--batch", type=int, help="B (default 1)")
     b.add_argument("--window", type=int, help="W of the window mask: W past keys (default 256)")
     b.add_argument("--docs", type=int, help="documents packed per sequence (default 8)")
-    b.add_argument("--repeats", type=int, help="timed runs per contestant (default: 3-10, as many as fit in ~0.5 s)")
+    b.add_argument("--repeats", type=int, help="timed runs per contestant, rounded up to even: every other "
+                   "round runs the contestants in reverse order (default: 4-10, as many as fit in ~0.5 s)")
     b.add_argument("--flex", action=argparse.BooleanOptionalAction, default=None,
                    help="run torch.compile'd FlexAttention (default on; --quick: one case)")
     b.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,

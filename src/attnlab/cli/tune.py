@@ -40,7 +40,8 @@ def add_tune(sub) -> None:
                    "(default 1024 4096)")
     p.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], help="default: both")
     p.add_argument("--head-dim", type=_positive_int, default=64, help="D of every case (default 64)")
-    p.add_argument("--repeats", type=_positive_int, help="timed runs per contestant (default: adaptive, 3-10)")
+    p.add_argument("--repeats", type=_positive_int, help="timed runs per contestant, rounded up to even: every other "
+                   "round runs the contestants in reverse order (default: adaptive, 4-10)")
     p.add_argument("--keep-busy", action="store_true", help="save the profile even if other processes used "
                    f"more than {BUSY_LIMIT * 100:.0f}%% of the CPUs during the run")   # %%: argparse formats help
     p.add_argument("--show", action="store_true", help="print the profile auto reads now and exit")

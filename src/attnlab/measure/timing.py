@@ -62,25 +62,34 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
     """Time already warmed-up functions round-robin: one run of each per round.
 
     On a shared machine the speed drifts over seconds; interleaving makes the drift hit every
-    function alike, so their ratios stay fair even when the absolute times move.
+    function alike, so their ratios stay fair even when the absolute times move. What ran just
+    before a function also moves its time (on a 2-core AMD EPYC Zen 3 the contestant timed right
+    after another in a fixed order was 5-9% slower than the same kernel timed before it: issue #27,
+    docs/benchmarks.md), so rounds come in pairs: every other round runs the functions in reverse
+    order, and the number of rounds is even whenever there are several functions.
 
     Args:
         fns: the functions, each already called once (warm-up is the caller's job).
-        repeats: exactly this many rounds; None = adaptive, MIN_RUNS to MAX_RUNS rounds, stopping
-            after about BUDGET_S seconds per function.
+        repeats: this many rounds, rounded up to an even number when there are several functions;
+            None = adaptive, MIN_RUNS to MAX_RUNS rounds (whole pairs), stopping after about
+            BUDGET_S seconds per function.
     Returns:
-        per function, the seconds of each of its runs.
+        per function, the seconds of each of its runs, in round order.
     Example:
-        a, b = time_interleaved([lambda: x @ x, lambda: x.T @ x], repeats=5)
+        a, b = time_interleaved([lambda: x @ x, lambda: x.T @ x], repeats=4)
     """
     times: list[list[float]] = [[] for _ in fns]
+    pair = 2 if len(fns) > 1 else 1
     start = time.perf_counter()
     while fns:
-        for fn, ts in zip(fns, times):
+        order = list(zip(fns, times))
+        for fn, ts in (order if len(times[0]) % 2 == 0 else order[::-1]):
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
         rounds = len(times[0])
+        if rounds % pair:
+            continue                                    # finish the pair: each order as often as the other
         if repeats is not None:
             if rounds >= repeats:
                 break
