@@ -35,19 +35,21 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-# Imported now, before any process group exists: its functions take `group=group.WORLD` as a default,
-# evaluated when the module loads. torch._dynamo loads it on the first call of a torch.library custom op
-# (the compiled kernel is one); loaded then, it would hold the default group forever, so
-# destroy_process_group could not free it, and its gloo worker threads, still releasing the tensors of
-# the last collective, abort the process at exit ("terminate called without an active exception").
-# `import attnlab` imports this module, so this covers every group created after that import.
-import torch.distributed.nn.functional
 from torch import Tensor
 
 from .backends import native
 from .backends.reference import accum_dtype
 from .masks import causal as causal_mask, dense as dense_mask
 from .ring_layout import check_layout, segments, shard, unshard
+
+# Imported now, before any process group exists: its functions take `group=group.WORLD` as a default,
+# evaluated when the module loads. torch._dynamo loads it on the first call of a torch.library custom op
+# (the compiled kernel is one); loaded then, it would hold the default group forever, so
+# destroy_process_group could not free it, and its gloo worker threads, still releasing the tensors of
+# the last collective, abort the process at exit ("terminate called without an active exception").
+# `import attnlab` imports this module, so this covers every group created after that import.
+if dist.is_available():
+    import torch.distributed.nn.functional
 
 __all__ = ["ring_attention", "shard", "unshard"]
 
