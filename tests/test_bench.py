@@ -179,11 +179,17 @@ def test_power_law_fit_recovers_exponent():
 def test_interleaved_timing_runs_round_robin_in_both_orders():
     calls = []
     fns = [lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")]
-    times = time_interleaved(fns, repeats=3)             # rounded up to a whole pair of rounds
-    assert calls == ["a", "b", "c", "c", "b", "a"] * 2
-    assert [len(t) for t in times] == [4, 4, 4] and all(x >= 0 for t in times for x in t)
+    times = time_interleaved(fns, repeats=3)
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert [len(t) for t in times] == [3, 3, 3] and all(x >= 0 for t in times for x in t)
     calls.clear()
-    assert [len(t) for t in time_interleaved(fns[:1], repeats=3)] == [3]    # one function: no pairs needed
+    assert [len(t) for t in time_interleaved(fns, repeats=timing.paired(3))] == [4, 4, 4]
+    assert timing.paired(4) == 4 and timing.paired(None) is None
+    calls.clear()
+    monkey_clock = iter(range(10**6))                      # adaptive: whole pairs of rounds only
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing.time, "perf_counter", lambda: float(next(monkey_clock)))
+        assert len(time_interleaved(fns[:2])[0]) % 2 == 0
 
 
 def test_interleaved_timing_cancels_what_ran_before(monkeypatch):

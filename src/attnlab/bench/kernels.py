@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..measure.machine import LoadMonitor, machine_info
-from ..measure.timing import gemm_peak_gflops, time_interleaved
+from ..measure.timing import gemm_peak_gflops, paired, time_interleaved
 from .cases import DTYPES, MASK_KINDS, MODES, Case, make_inputs, useful_flops
 from .contestants import (PEERS, contestant_names, estimate_peak_bytes, input_bytes, make_runner, memory_skip_reason,
                           reset_flex)
@@ -52,7 +52,7 @@ class BenchConfig:
     head_dim: int = 64
     window: int = 256                      # W of the causal sliding window
     docs: int = 8                          # packed documents per sequence
-    repeats: Optional[int] = None          # timed runs per contestant (even); None = adaptive (4-10)
+    repeats: Optional[int] = None          # timed runs per contestant, rounded up to even; None = adaptive
     flex: bool = True                      # run torch FlexAttention (compiled) as a peer
     flex_cases: Optional[list[tuple[str, int]]] = None   # (mask, n) pairs flex runs for; None = all
     reference_max_n: Optional[int] = 4096  # the O(n^2) reference is skipped above this; None = no cap
@@ -160,7 +160,7 @@ def run_case(case: Case, cfg: BenchConfig) -> list[dict]:
         if warm is not None:
             live.append((row, warm[0]))
             yardstick = warm[1] if name == "torch-sdpa" else yardstick
-    times = time_interleaved([runner.step for _, runner in live], cfg.repeats)
+    times = time_interleaved([runner.step for _, runner in live], paired(cfg.repeats))   # each order alike
     for (row, runner), ts in zip(live, times):
         med = statistics.median(ts)
         row.update(median_ms=med * 1e3, times_ms=[t * 1e3 for t in ts], runs=len(ts), gflops=flops / med / 1e9)

@@ -25,7 +25,7 @@ import torch
 from ..functional import attention, masks
 from ..functional.api import skippable
 from ..functional.request import make_request
-from ..measure.timing import time_interleaved
+from ..measure.timing import paired, time_interleaved
 from .cases import Case, make_inputs
 from .contestants import timed_step
 
@@ -60,7 +60,7 @@ def _time_pair(case: Case, mask, repeats) -> dict[str, float]:
     steps = [timed_step(case, q, k, v, lambda b=b: attention(q, k, v, mask=mask, backend=b)) for b in CONTESTANTS]
     for step in steps:
         step()
-    times = time_interleaved(steps, repeats)
+    times = time_interleaved(steps, paired(repeats))        # each order as often: native first, sdpa first
     return {b: statistics.median(ts) * 1e3 for b, ts in zip(CONTESTANTS, times)}
 
 

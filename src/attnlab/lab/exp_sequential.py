@@ -297,7 +297,7 @@ def claim_sequential_wall_time(ctx: VerifyContext) -> Claim:
     """Wall time of an RNN layer vs an attention layer as n grows, at batch 1 and 32."""
     dim, heads = 128, 4
     ns = [16, 32, 64, 128, 256, 512, 1024] if ctx.quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
-    batches, repeats = [1, 32], (8 if ctx.quick else 12)       # even: time_interleaved runs pairs of rounds
+    batches, repeats = [1, 32], (8 if ctx.quick else 12)       # even: as many rounds in each order
     layers = layers_for_timing(dim, heads, ctx.seed)
     times: dict[int, dict[str, list[float]]] = {b: {name: [] for name in layers} for b in batches}   # fastest
     medians: dict[int, dict[str, list[float]]] = {b: {name: [] for name in layers} for b in batches}

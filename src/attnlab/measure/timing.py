@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["Timing", "time_median", "time_interleaved", "gemm_peak_gflops"]
+__all__ = ["Timing", "time_median", "time_interleaved", "paired", "gemm_peak_gflops"]
 
 MIN_RUNS, MAX_RUNS = 3, 10
 BUDGET_S = 0.5          # adaptive mode: stop adding runs once this much time is spent (after MIN_RUNS)
@@ -65,14 +65,13 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
     function alike, so their ratios stay fair even when the absolute times move. What ran just
     before a function also moves its time (on a 2-core AMD EPYC Zen 3 the contestant timed right
     after another in a fixed order was 5-9% slower than the same kernel timed before it: issue #27,
-    docs/benchmarks.md), so rounds come in pairs: every other round runs the functions in reverse
-    order, and the number of rounds is even whenever there are several functions.
+    docs/benchmarks.md), so every other round runs the functions in reverse order; with an even
+    number of rounds (``paired(repeats)``) each order runs as often as the other.
 
     Args:
         fns: the functions, each already called once (warm-up is the caller's job).
-        repeats: this many rounds, rounded up to an even number when there are several functions;
-            None = adaptive, MIN_RUNS to MAX_RUNS rounds (whole pairs), stopping after about
-            BUDGET_S seconds per function.
+        repeats: exactly this many rounds; None = adaptive, MIN_RUNS to MAX_RUNS rounds (whole
+            pairs when there are several functions), stopping after about BUDGET_S seconds per function.
     Returns:
         per function, the seconds of each of its runs, in round order.
     Example:
@@ -88,14 +87,23 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
             fn()
             ts.append(time.perf_counter() - t0)
         rounds = len(times[0])
-        if rounds % pair:
-            continue                                    # finish the pair: each order as often as the other
         if repeats is not None:
             if rounds >= repeats:
                 break
+        elif rounds % pair:
+            continue                                    # finish the pair: each order as often as the other
         elif rounds >= MAX_RUNS or (rounds >= MIN_RUNS and time.perf_counter() - start >= BUDGET_S * len(fns)):
             break
     return times
+
+
+def paired(repeats: Optional[int]) -> Optional[int]:
+    """``repeats`` rounded up to even (None stays None, adaptive): as many rounds in each order.
+
+    Example:
+        time_interleaved(steps, paired(3))     # 4 rounds: a b c, c b a, a b c, c b a
+    """
+    return None if repeats is None else repeats + repeats % 2
 
 
 def gemm_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
