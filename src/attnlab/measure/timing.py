@@ -78,11 +78,12 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
         a, b = time_interleaved([lambda: x @ x, lambda: x.T @ x], repeats=4)
     """
     times: list[list[float]] = [[] for _ in fns]
+    forward = list(zip(fns, times))
+    orders = (forward, forward[::-1])                   # even rounds, odd rounds
     pair = 2 if len(fns) > 1 else 1
     start = time.perf_counter()
     while fns:
-        order = list(zip(fns, times))
-        for fn, ts in (order if len(times[0]) % 2 == 0 else order[::-1]):
+        for fn, ts in orders[len(times[0]) % 2]:
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
