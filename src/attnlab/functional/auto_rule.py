@@ -106,13 +106,16 @@ AMX_MEASURED = {
 # AVX-512, and the fallback ran at 0.9-1.4 GFLOP/s where MKL's cblas_gemm_bf16bf16f32, which the compiled kernel
 # and SDPA's forward call, ran at 118-184 (ZEN3 below, 4 Dec 2026). SDPA's bf16 backward runs on the fallback;
 # the compiled kernel's does not. Measured there (docs/benchmarks.md, "Issue #27: auto on an AMD EPYC Zen 3
-# with AVX2", B=1 H=8 D=64, n = 1024-16384):
-# * bf16 with gradients: the compiled kernel 5.3-7.5x SDPA's forward+backward (1.2-8.3x at n = 64-512);
-# * fp32 causal: the kernel 1.26x SDPA's forward at n = 1024, a tie at 4096 (1.00x), then 0.94x, 0.81x at
-#   8192, 16384 in one run and 0.97x at both in a second (AVX2_CAUSAL_FWD_BELOW: SDPA by a little from
-#   4096); with gradients 1.28x, 1.08x, 1.06x at n = 1024, 4096, 8192;
-# * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x), the kernel with gradients from
-#   n = 4096 (NATIVE_TRAIN_FROM: 0.95x at 1024, 1.03x, 1.06x at 4096, 8192); bf16 causal forward, the kernel
+# with AVX2" and the sections after it, B=1 H=8, D = 64 and 128, n = 1024-16384):
+# * bf16 with gradients: the compiled kernel 5.3-7.9x SDPA's forward+backward without a mask or causal, 6.7-135x
+#   with a mask or bias, at n = 1024-8192, D = 64 and 128 (1.2-8.3x at n = 64-512);
+# * fp32 causal: the kernel 1.05-1.26x SDPA's forward at n = 1024-2048, a tie at 4096 (1.00x), then 0.94x, 0.81x
+#   at 8192, 16384 in one run, 0.97x, 0.97x in a second and 1.00x, 0.98x in a third (AVX2_CAUSAL_FWD_BELOW: SDPA
+#   by a little from 4096); with gradients 1.03-1.36x at n = 1024-16384;
+# * fp32 without a mask, with gradients: the kernel from n = 2048 (AVX2_TRAIN_FROM; 1.01-1.06x at
+#   2048 in six runs and 3072, 0.96-1.05x at 4096, 1.03-1.06x at 8192, 1.04x at 16384); below 2048 a tie
+#   (0.95-1.05x at n = 1024 in eight runs, 0.97-1.05x at 576-1536), left to SDPA;
+# * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x); bf16 causal forward, the kernel
 #   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
 ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
@@ -125,24 +128,28 @@ def no_bf16_gemm() -> bool:
 
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
+AVX2_TRAIN_FROM = 2048 * 2048
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
-                      "calls) is a scalar fallback: the compiled kernel measured 5.3-7.5x SDPA's forward+backward at "
-                      f"n = 1024, 4096 and 1.2-8.3x at n = 64-512 ({ZEN3})"),
-    "fp32 causal": ("fp32 causal: the compiled kernel measured 1.26x SDPA's forward at n = 1024 and 1.28x, 1.08x, "
-                    f"1.06x its forward+backward at n = 1024, 4096, 8192 ({ZEN3})"),
-    "fp32 training": ("fp32 with gradients from n = 4096: the compiled kernel measured 1.03x, 1.06x SDPA's "
-                      f"forward+backward at n = 4096, 8192 (0.95x at 1024) ({ZEN3})"),
+                      "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
+                      "without a mask or with a causal one and 6.7-135x with a mask or bias at n = 1024-8192, D = 64 "
+                      f"and 128, and 1.2-8.3x at n = 64-512 ({ZEN3})"),
+    "fp32 causal": ("fp32 causal: the compiled kernel measured 1.05-1.26x SDPA's forward at n = 1024-2048 and "
+                    f"1.03-1.36x its forward+backward at n = 1024-16384, D = 64 and 128 ({ZEN3})"),
+    "fp32 training": ("fp32 with gradients from n = 2048: the compiled kernel measured 1.01-1.06x SDPA's "
+                      "forward+backward without a mask at n = 2048 (six runs) and 3072, 0.96-1.05x at 4096, "
+                      f"1.03-1.06x at 8192 and 1.04x at 16384 ({ZEN3})"),
     "bf16 causal": ("bf16 causal forward below n = 8192: the compiled kernel measured 1.14x, 1.04x SDPA's at "
                     f"n = 1024, 4096 (0.90x at 8192) ({ZEN3})"),
-    "training to sdpa": ("the compiled kernel measured 0.95x SDPA's fp32 forward+backward without a mask at "
-                         f"n = 1024 ({ZEN3})"),
+    "training to sdpa": ("fp32 with gradients below n = 2048, a tie: the compiled kernel measured 0.95-1.05x SDPA's "
+                         "forward+backward without a mask at n = 1024 in eight runs and 0.97-1.05x at 576-1536 "
+                         f"({ZEN3})"),
     "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.97x SDPA's "
-                        "without a mask at n = 1024-16384, and with a causal one 1.00x at n = 4096 and 0.81-0.97x at "
-                        f"8192 and 16384 in two runs ({ZEN3})"),
+                        "without a mask at n = 1024-16384, and with a causal one 1.00-1.03x at n = 4096 and 0.81-1.00x "
+                        f"at 8192 and 16384 in three runs ({ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
-               "1.6-1.9x with ALiBi, 3.1-12.3x with a W = 256 window and 5.9-6.7x with 8 documents at n = 1024, "
-               f"4096 ({ZEN3})"),
+               "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
+               f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
 }
 AMX_BF16_MIN_SKIPPABLE = 0.03
 TILES_BF16_MIN_SKIPPABLE = 0.6
@@ -329,7 +336,7 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: i
         return None
     if dtype == torch.float32 and causal and (needs_grad or LS < AVX2_CAUSAL_FWD_BELOW):
         return AVX2_MEASURED["fp32 causal"]
-    if dtype == torch.float32 and needs_grad and LS >= NATIVE_TRAIN_FROM:
+    if dtype == torch.float32 and needs_grad and LS >= AVX2_TRAIN_FROM:
         return AVX2_MEASURED["fp32 training"]
     if dtype == torch.bfloat16 and causal and not needs_grad and LS < BF16_CAUSAL_NATIVE_BELOW:
         return AVX2_MEASURED["bf16 causal"]

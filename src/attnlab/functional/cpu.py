@@ -11,7 +11,8 @@ The project's machines come in two x86-64 classes, and a user's may be a third:
   micro-kernel (``vdpbf16ps``) is the fastest bf16 path there.
 * ``avx2``: AVX2 without AVX-512 (measured on an AMD EPYC Zen 3). torch has no fast bf16 GEMM there
   (oneDNN's needs AVX-512; the fallback ran at about 1 GFLOP/s), and SDPA's bf16 backward runs on it:
-  ``auto`` sends bf16 training to the compiled kernel (5.3-7.5x), and has its own fp32 causal threshold.
+  ``auto`` sends bf16 training to the compiled kernel (5.3-7.9x), and has its own fp32 thresholds (causal
+  forward, training without a mask).
 * ``avx512``, ``other``: no rule was measured on them; ``auto`` uses the ``avx512_bf16`` rules for
   ``avx512``, where the kernel runs the same code, and the ``avx2`` ones for ``other`` (no AVX-512 either).
 
