@@ -323,6 +323,19 @@ def test_without_avx512_fp32_training_without_a_mask_goes_to_the_kernel_from_204
     assert "auto -> native" in al.explain(cross[0].clone().requires_grad_(), cross[1], cross[1])
 
 
+def test_without_avx512_the_sdpa_note_quotes_the_training_tie_only_where_it_was_measured(avx2):
+    """Where the kernel is not built, fp32 training of any size reaches SDPA: the note on the tie below
+    n = 2048 must not be quoted for n = 4096 or a causal request, which the kernel wins."""
+    from attnlab.functional.auto_rule import _class_note
+    from attnlab.functional.request import make_request
+    for n, causal, quoted in ((1024, False, True), (4096, False, False), (1024, True, False)):
+        q = torch.empty(1, 8, n, 64, requires_grad=True)
+        note = _class_note(make_request(q, q, q, causal=causal))
+        assert ("below n = 2048, a tie" in note) == quoted, (n, causal, note)
+    x = torch.empty(1, 8, 4096, 64)
+    assert "AMD EPYC Zen 3" in _class_note(make_request(x, x, x))                  # forward: quoted
+
+
 @pytest.mark.parametrize("cls", ["amx", "avx512_bf16", "avx2"])
 def test_every_ratio_auto_quotes_names_the_cpu_it_was_measured_on(monkeypatch, cls):
     """Issue #27: explain() never quotes one CPU's ratios as this machine's."""

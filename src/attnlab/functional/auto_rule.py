@@ -346,9 +346,15 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: i
 def _class_note(req: AttentionRequest) -> str:
     """What was measured on this CPU's class where a plain request goes to SDPA ('' where nothing was)."""
     if no_bf16_gemm():
-        if req.shape.L * req.shape.S <= SMALL_PROBLEM or (req.needs_grad and req.q.dtype != torch.float32):
-            return ""                                  # (bf16 training reaches SDPA only without the kernel)
-        return "; " + AVX2_MEASURED["training to sdpa" if req.needs_grad else "forward to sdpa"]
+        LS = req.shape.L * req.shape.S
+        if LS <= SMALL_PROBLEM:
+            return ""
+        if not req.needs_grad:
+            return "; " + AVX2_MEASURED["forward to sdpa"]
+        # With gradients the rule sends to SDPA only fp32 without a mask below AVX2_TRAIN_FROM, the tie that
+        # figure measured; any other training request reaches SDPA only where the kernel is not built.
+        tie = req.q.dtype == torch.float32 and not req.is_causal_only and LS < AVX2_TRAIN_FROM
+        return "; " + AVX2_MEASURED["training to sdpa"] if tie else ""
     if cpu_class() != "amx":
         return ""
     if req.q.dtype == torch.bfloat16:
