@@ -336,6 +336,21 @@ def test_without_avx512_the_sdpa_note_quotes_the_training_tie_only_where_it_was_
     assert "AMD EPYC Zen 3" in _class_note(make_request(x, x, x))                  # forward: quoted
 
 
+def test_without_avx512_the_sdpa_note_quotes_forward_figures_only_where_they_were_measured(avx2):
+    """The forward figures were measured on fp32 and bf16 requests the rule sends to SDPA: not on fp16, nor on
+    a causal forward the kernel wins (fp32 below n = 4096, bf16 below 8192), which reaches SDPA only where the
+    kernel is not built."""
+    from attnlab.functional.auto_rule import _class_note
+    from attnlab.functional.request import make_request
+    for n, dtype, causal, quoted in ((4096, torch.float32, False, True), (4096, torch.bfloat16, False, True),
+                                     (4096, torch.float32, True, True), (8192, torch.bfloat16, True, True),
+                                     (1024, torch.float32, True, False), (4096, torch.bfloat16, True, False),
+                                     (4096, torch.float16, False, False), (4096, torch.float16, True, False)):
+        x = torch.empty(1, 8, n, 64, dtype=dtype)
+        note = _class_note(make_request(x, x, x, causal=causal))
+        assert ("AMD EPYC Zen 3" in note) == quoted, (n, dtype, causal, note)
+
+
 @pytest.mark.parametrize("cls", ["amx", "avx512_bf16", "avx2"])
 def test_every_ratio_auto_quotes_names_the_cpu_it_was_measured_on(monkeypatch, cls):
     """Issue #27: explain() never quotes one CPU's ratios as this machine's."""

@@ -346,15 +346,13 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: i
 def _class_note(req: AttentionRequest) -> str:
     """What was measured on this CPU's class where a plain request goes to SDPA ('' where nothing was)."""
     if no_bf16_gemm():
-        LS = req.shape.L * req.shape.S
-        if LS <= SMALL_PROBLEM:
+        # The two figures were measured on the fp32 and bf16 requests the class's rule sends to SDPA. Any other
+        # (fp16; a request the kernel wins, which reaches SDPA only where the kernel is not built) gets none.
+        dtype, LS, grad = req.q.dtype, req.shape.L * req.shape.S, req.needs_grad
+        if (dtype not in _NAMES or LS <= SMALL_PROBLEM or (dtype == torch.bfloat16 and grad)
+                or _plain_native_avx2(dtype, req.is_causal_only, grad, LS) is not None):
             return ""
-        if not req.needs_grad:
-            return "; " + AVX2_MEASURED["forward to sdpa"]
-        # With gradients the rule sends to SDPA only fp32 without a mask below AVX2_TRAIN_FROM, the tie that
-        # figure measured; any other training request reaches SDPA only where the kernel is not built.
-        tie = req.q.dtype == torch.float32 and not req.is_causal_only and LS < AVX2_TRAIN_FROM
-        return "; " + AVX2_MEASURED["training to sdpa"] if tie else ""
+        return "; " + AVX2_MEASURED["training to sdpa" if grad else "forward to sdpa"]
     if cpu_class() != "amx":
         return ""
     if req.q.dtype == torch.bfloat16:
