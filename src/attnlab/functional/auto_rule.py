@@ -107,13 +107,13 @@ AMX_MEASURED = {
 # and SDPA's forward call, ran at 118-184 (ZEN3 below, 4 Dec 2026). SDPA's bf16 backward runs on the fallback;
 # the compiled kernel's does not. Measured there (docs/benchmarks.md, "Issue #27: auto on an AMD EPYC Zen 3
 # with AVX2" and the sections after it, B=1 H=8, D = 64 and 128, n = 1024-16384):
-# * bf16 with gradients: the compiled kernel 5.3-7.9x SDPA's forward+backward without a mask or causal, 6.7-135x
-#   with a mask or bias, at n = 1024-8192, D = 64 and 128 (1.2-8.3x at n = 64-512);
+# * bf16 with gradients: the compiled kernel 5.3-7.9x SDPA's forward+backward without a mask or causal, 6.7-246x
+#   with a mask or bias, at n = 1024-16384, D = 64 and 128 (1.2-8.3x at n = 64-512);
 # * fp32 causal: the kernel 1.05-1.26x SDPA's forward at n = 1024-2048, a tie at 4096 (1.00x), then 0.94x, 0.81x
 #   at 8192, 16384 in one run, 0.97x, 0.97x in a second and 1.00x, 0.98x in a third (AVX2_CAUSAL_FWD_BELOW: SDPA
 #   by a little from 4096); with gradients 1.03-1.36x at n = 1024-16384;
-# * fp32 without a mask, with gradients: the kernel from n = 2048 (AVX2_TRAIN_FROM; 1.01-1.06x at
-#   2048 in six runs and 3072, 0.96-1.05x at 4096, 1.03-1.06x at 8192, 1.04x at 16384); below 2048 a tie
+# * fp32 without a mask, with gradients: the kernel from n = 2048 (AVX2_TRAIN_FROM; 1.01-1.06x at 2048 in six
+#   runs and 3072, 0.96-1.05x at 4096, 1.02-1.06x at 8192 (D = 64, 128), 1.04x at 16384); below 2048 a tie
 #   (0.95-1.05x at n = 1024 in eight runs, 0.97-1.05x at 576-1536), left to SDPA;
 # * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x); bf16 causal forward, the kernel
 #   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
@@ -132,13 +132,13 @@ AVX2_TRAIN_FROM = 2048 * 2048
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
-                      "without a mask or with a causal one and 6.7-135x with a mask or bias at n = 1024-8192, D = 64 "
+                      "without a mask or with a causal one and 6.7-246x with a mask or bias at n = 1024-16384, D = 64 "
                       f"and 128, and 1.2-8.3x at n = 64-512 ({ZEN3})"),
     "fp32 causal": ("fp32 causal: the compiled kernel measured 1.05-1.26x SDPA's forward at n = 1024-2048 and "
                     f"1.03-1.36x its forward+backward at n = 1024-16384, D = 64 and 128 ({ZEN3})"),
     "fp32 training": ("fp32 with gradients from n = 2048: the compiled kernel measured 1.01-1.06x SDPA's "
                       "forward+backward without a mask at n = 2048 (six runs) and 3072, 0.96-1.05x at 4096, "
-                      f"1.03-1.06x at 8192 and 1.04x at 16384 ({ZEN3})"),
+                      f"1.02-1.06x at 8192 (D = 64 and 128) and 1.04x at 16384 ({ZEN3})"),
     "bf16 causal": ("bf16 causal forward below n = 8192: the compiled kernel measured 1.14x, 1.04x SDPA's at "
                     f"n = 1024, 4096 (0.90x at 8192) ({ZEN3})"),
     "training to sdpa": ("fp32 with gradients below n = 2048, a tie: the compiled kernel measured 0.95-1.05x SDPA's "
