@@ -207,42 +207,6 @@ def test_interleaved_timing_cancels_what_ran_before(monkeypatch):
     assert statistics.median(b / a for a, b in zip(ta, tb)) == pytest.approx((1.1 + 1 / 1.1) / 2)  # ~1.005
 
 
-def test_interleaved_timing_pauses_untimed_after_a_run_that_faulted_in_much_memory(monkeypatch):
-    # Fake fault counter and clock: "heavy" faults in HEAVY_FAULT_BYTES, "light" one page less. Only the run
-    # after a heavy one may start late, and the pause is in no run's time.
-    faults, clock, pauses = [0], [0.0], []
-    page = timing._PAGE_BYTES
-
-    def heavy():
-        faults[0] += timing.HEAVY_FAULT_BYTES // page
-        clock[0] += 2.0
-
-    def light():
-        faults[0] += timing.HEAVY_FAULT_BYTES // page - 1
-        clock[0] += 1.0
-
-    def sleep(s):
-        pauses.append((round(clock[0]), s))
-        clock[0] += s
-
-    monkeypatch.setattr(timing, "minor_faults", lambda: faults[0])
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(timing.time, "sleep", sleep)
-    th, tl = time_interleaved([heavy, light], repeats=2)         # heavy light | light heavy
-    assert th == [2.0, 2.0] and tl == [1.0, 1.0]
-    assert pauses == [(2, timing.SETTLE_S), (10, timing.SETTLE_S)]  # after each heavy run, none after light
-    out, seconds = timing.timed_settled(lambda: heavy() or "out")
-    assert out == "out" and seconds == 2.0 and len(pauses) == 3
-
-
-def test_minor_faults_counts_fresh_memory():
-    before = timing.minor_faults()
-    x = torch.ones(1 << 24)                                          # 64 MiB, touched
-    if timing.resource is None:
-        pytest.skip("no getrusage on this platform")
-    assert (timing.minor_faults() - before) * timing._PAGE_BYTES >= 32 << 20, x.shape
-
-
 def test_mkl_bf16_gemm_is_the_product():
     gemm = timing._mkl_bf16_gemm()
     if gemm is None:

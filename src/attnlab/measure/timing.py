@@ -9,7 +9,6 @@ Example::
 """
 from __future__ import annotations
 
-import mmap
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,20 +17,10 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-try:
-    import resource                         # Unix only
-except ImportError:                         # pragma: no cover (Windows)
-    resource = None
-_PAGE_BYTES = mmap.PAGESIZE
-
-__all__ = ["Timing", "time_median", "time_interleaved", "paired", "timed_settled", "minor_faults",
-           "gemm_peak_gflops"]
+__all__ = ["Timing", "time_median", "time_interleaved", "paired", "gemm_peak_gflops"]
 
 MIN_RUNS, MAX_RUNS = 3, 10
 BUDGET_S = 0.5          # adaptive mode: stop adding runs once this much time is spent (after MIN_RUNS)
-# time_interleaved: a run that faulted in at least this much fresh memory is followed by an untimed pause
-HEAVY_FAULT_BYTES = 1 << 30
-SETTLE_S = 4.0
 
 
 @dataclass
@@ -79,13 +68,6 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
     docs/benchmarks.md), so every other round runs the functions in reverse order; with an even
     number of rounds (``paired(repeats)``) each order runs as often as the other.
 
-    A run that faulted in HEAVY_FAULT_BYTES of fresh memory or more (``minor_faults``) is followed by an
-    untimed pause of SETTLE_S. On a VM that reports freed pages to its host, the host takes them back
-    about 2 s after the free, and a run that overlaps it is slower in wall time at the same CPU time: on
-    the Zen 3 above, the `sdpa` backend's dense-bias step faulted in 5.3 GiB and freed it, the host
-    took it back in bursts of up to 640 MiB 2-4 s later, and the kernel run then took 995-1,169 ms against
-    its 926-958 (issue #27, docs/benchmarks.md). The pause leaves that cost out of the next run's time.
-
     Args:
         fns: the functions, each already called once (warm-up is the caller's job).
         repeats: exactly this many rounds; None = adaptive, MIN_RUNS to MAX_RUNS rounds (whole
@@ -102,7 +84,9 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
     start = time.perf_counter()
     while fns:
         for fn, ts in orders[len(times[0]) % 2]:
-            ts.append(timed_settled(fn)[1])
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
         rounds = len(times[0])
         if repeats is not None:
             if rounds >= repeats:
@@ -112,32 +96,6 @@ def time_interleaved(fns: list[Callable[[], object]], repeats: Optional[int] = N
         elif rounds >= MAX_RUNS or (rounds >= MIN_RUNS and time.perf_counter() - start >= BUDGET_S * len(fns)):
             break
     return times
-
-
-def timed_settled(fn: Callable[[], object]) -> tuple[object, float]:
-    """(fn's result, its wall time in s), then an untimed pause of SETTLE_S if the call faulted in
-    HEAVY_FAULT_BYTES or more (see ``time_interleaved``): what the host does with the memory it freed is
-    not charged to the next call.
-
-    Example:
-        out, seconds = timed_settled(lambda: torch.ones(1 << 20))     # small: no pause
-    """
-    faults = minor_faults()
-    t0 = time.perf_counter()
-    out = fn()
-    seconds = time.perf_counter() - t0
-    if (minor_faults() - faults) * _PAGE_BYTES >= HEAVY_FAULT_BYTES:
-        time.sleep(SETTLE_S)
-    return out, seconds
-
-
-def minor_faults() -> int:
-    """Minor page faults of this process so far, every thread (getrusage); 0 where the platform has none.
-
-    Example:
-        before = minor_faults(); x = torch.ones(1 << 28); minor_faults() - before    # about 262144 (1 GiB)
-    """
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
 def paired(repeats: Optional[int]) -> Optional[int]:
