@@ -235,3 +235,36 @@ def test_every_report_footer_warns_of_a_busy_machine_the_same_way():
     for quiet in ({}, {"load": None}, {"load": {"other_cpu_fraction": None}},
                   {"load": {"other_cpu_fraction": BUSY_WARN}}):
         assert busy_warning(quiet) == []
+
+
+def test_the_footer_notes_freed_memory_the_host_took_back_during_the_run():
+    from attnlab.measure.machine import RECLAIM_NOTE_MIB, run_warnings
+    for load, noted in (({"free_page_reporting": True, "host_reclaimed_mib": 11276.0}, "11,276 MiB"),
+                        ({"free_page_reporting": True, "host_reclaimed_mib": None}, "an unknown amount"),
+                        ({"free_page_reporting": True, "host_reclaimed_mib": RECLAIM_NOTE_MIB - 1.0}, None),
+                        ({"free_page_reporting": False, "host_reclaimed_mib": 11276.0}, None), ({}, None)):
+        lines = run_warnings({"load": {"other_cpu_fraction": 0.0, **load}})
+        if noted is None:
+            assert lines == [], (load, lines)
+        else:
+            assert len(lines) == 1 and noted in lines[0] and "MALLOC_MMAP_MAX_=0" in lines[0], (load, lines)
+    busy = run_warnings({"load": {"other_cpu_fraction": 0.6, "free_page_reporting": True, "host_reclaimed_mib": 2e3}})
+    assert [line.split(":")[0] for line in busy] == ["WARNING", "NOTE"]
+
+
+def test_the_load_monitor_reads_free_page_reporting_from_the_balloon_and_the_kernel(tmp_path, monkeypatch):
+    from attnlab.measure import machine
+    dev, counter = tmp_path / "virtio_balloon" / "virtio0", tmp_path / "reported_kib"
+    dev.mkdir(parents=True)
+    (dev / "features").write_text("0000010000000000\n")         # bit 5: VIRTIO_BALLOON_F_REPORTING
+    counter.write_text("1000\n")
+    monkeypatch.setattr(machine, "_BALLOON", str(tmp_path / "virtio_balloon"))
+    monkeypatch.setattr(machine, "_REPORTED_KIB", str(counter))
+    mon = machine.LoadMonitor()
+    counter.write_text(f"{1000 + 3 * 1024}\n")
+    load = mon.stop()
+    assert load["free_page_reporting"] is True and load["host_reclaimed_mib"] == 3.0
+    (dev / "features").write_text("0000000000000000\n")
+    counter.unlink()                                              # a kernel that does not count them
+    load = machine.LoadMonitor().stop()
+    assert load["free_page_reporting"] is False and load["host_reclaimed_mib"] is None

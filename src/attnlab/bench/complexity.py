@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..functional import available_backends
-from ..measure.machine import LoadMonitor, busy_warning, machine_info
+from ..measure.machine import LoadMonitor, run_warnings, machine_info
 from ..measure.timing import time_interleaved, time_median
 from .cases import Case, make_inputs, useful_flops
 from .contestants import make_runner, memory_skip_reason
@@ -304,7 +304,7 @@ def format_complexity(report: dict) -> str:
         judge = c["causal_n"] >= 65536 and c["sparse_n"] >= 16384 and max(c["n"]) >= 65536
         lines += ["", "issue #4 targets" + ("" if judge else " (small n: not the issue's sizes, not judged)")]
         lines += ["  " + x for x in _target_lines(report, judge)]
-    lines += busy_warning(report["meta"])
+    lines += run_warnings(report["meta"])
     return "\n".join(lines) + "\n"
 
 

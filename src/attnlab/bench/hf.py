@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, run_warnings, cpu_label, machine_info
 from ..measure.timing import time_interleaved
 from .lm_report import _table
 
@@ -138,5 +138,5 @@ def format_hf(report: dict) -> str:
                f"torch {meta['torch']}; medians of {c['repeats']} round-robin rounds")
     out.append("x sdpa = sdpa's median / this median (> 1: faster than transformers' sdpa); paired = median of "
                "per-round ratios")
-    out += busy_warning(meta)
+    out += run_warnings(meta)
     return "\n".join(out) + "\n"

@@ -6,7 +6,7 @@ Example::
 """
 from __future__ import annotations
 
-from ..measure.machine import busy_warning, cpu_label
+from ..measure.machine import run_warnings, cpu_label
 
 __all__ = ["format_lm", "training_verdict"]
 
@@ -92,5 +92,5 @@ def format_lm(report: dict) -> str:
     if over:
         lines += [""] + over
     lines += ["", f"{meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}"]
-    lines += busy_warning(meta)
+    lines += run_warnings(meta)
     return "\n".join(lines) + "\n"

@@ -28,7 +28,7 @@ import torch
 
 from ..functional import available_backends
 from ..functional.registry import get_backend
-from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, run_warnings, cpu_label, machine_info
 from ..measure.timing import time_interleaved
 from ..models.encoder import Encoder
 from ..models.minilm import minilm_path
@@ -156,5 +156,5 @@ def format_minilm(report: dict) -> str:
     out.append("x HF = transformers' median / this median (> 1: faster than transformers); paired = median of "
                "per-round ratios; max |diff| = largest hidden-state difference to transformers")
     out += meta.get("notes", [])
-    out += busy_warning(meta)
+    out += run_warnings(meta)
     return "\n".join(out) + "\n"

@@ -41,7 +41,7 @@ from ..functional.auto_rule import pick
 from ..functional.mask_plan import caching
 from ..functional.request import AttentionRequest, make_request
 from ..functional.scope import use_backend
-from ..measure.machine import LoadMonitor, busy_warning, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, run_warnings, cpu_label, machine_info
 from ..measure.timing import time_interleaved
 from ..models.gpt import GPT, GPTConfig
 from ..nn.blocks import BlockConfig, EncoderStack
@@ -192,5 +192,5 @@ def format_plan(report: dict) -> str:
                "per-round ratios")
     out.append("auto's decision: kept = a look-up (functional.auto_memo); fresh = the whole rule on every call, "
                "the masks' plans kept on both sides")
-    out += busy_warning(meta)
+    out += run_warnings(meta)
     return "\n".join(out) + "\n"

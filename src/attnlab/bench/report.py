@@ -12,7 +12,7 @@ import json
 import os
 from typing import Optional
 
-from ..measure.machine import busy_warning, cpu_label
+from ..measure.machine import run_warnings, cpu_label
 from ..measure.timing import MAX_CALL_S
 
 __all__ = ["format_table", "write_json", "fmt_bytes"]
@@ -84,7 +84,7 @@ def _footer(report: dict) -> list[str]:
                      + ", ".join(f"{100 * d:.0f}% ({dt})" for dt, d in drift.items())
                      + " between start and end: this machine's speed drifts; compare rows of one run, "
                        "not across runs")
-    lines += busy_warning(meta)
+    lines += run_warnings(meta)
     busy = [r["busy"] for r in report["results"] if "slowdown_busy" in r]
     if busy:
         lines.append(f"busy ms = median while a busy process spun on core {busy[0]['core']} (one per case, started "

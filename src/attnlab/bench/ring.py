@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from ..measure.machine import LoadMonitor, busy_warning, machine_info
+from ..measure.machine import LoadMonitor, run_warnings, machine_info
 from ..train.distributed import free_port
 from .lm_report import _table
 
@@ -171,5 +171,5 @@ def format_ring(report: dict) -> str:
     out.append(f"max |ring - one process| = {report['max_abs_diff']:.1e}; medians of {c['repeats']} rounds after a "
                f"warm-up, on {meta['cpu_model']}, torch {meta['torch']}")
     out.append("x one process = one process's median / the ring's median (> 1: the ring is faster)")
-    out += busy_warning(meta)
+    out += run_warnings(meta)
     return "\n".join(out) + "\n"
