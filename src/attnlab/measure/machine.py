@@ -161,7 +161,7 @@ def reclaim_note(meta: dict) -> list[str]:
     amount = "an unknown amount" if mib is None else f"{mib:,.0f} MiB"
     return [f"NOTE: this VM reports the memory it frees to its host, which took back {amount} during this run. "
             "A run that touches fresh memory after a memory-heavy step (a dense mask or bias built per call) "
-            "waits while the host faults it in again, up to 15% slower: enough to split two runs of the same "
+            "waits while the host faults it in again, up to 25% slower: enough to split two runs of the same "
             "kernel in an auto verdict. To keep freed memory in the process, prefix the command with "
             "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736"]
 
