@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..functional import available_backends
-from ..measure.machine import LoadMonitor, run_warnings, machine_info
+from ..measure.machine import LoadMonitor, machine_info, run_warnings
 from ..measure.timing import time_interleaved, time_median
 from .cases import Case, make_inputs, useful_flops
 from .contestants import make_runner, memory_skip_reason

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..measure.machine import LoadMonitor, run_warnings, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, cpu_label, machine_info, run_warnings
 from ..measure.timing import time_interleaved
 from .lm_report import _table
 

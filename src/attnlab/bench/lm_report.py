@@ -6,7 +6,7 @@ Example::
 """
 from __future__ import annotations
 
-from ..measure.machine import run_warnings, cpu_label
+from ..measure.machine import cpu_label, run_warnings
 
 __all__ = ["format_lm", "training_verdict"]
 

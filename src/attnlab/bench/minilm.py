@@ -28,7 +28,7 @@ import torch
 
 from ..functional import available_backends
 from ..functional.registry import get_backend
-from ..measure.machine import LoadMonitor, run_warnings, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, cpu_label, machine_info, run_warnings
 from ..measure.timing import time_interleaved
 from ..models.encoder import Encoder
 from ..models.minilm import minilm_path

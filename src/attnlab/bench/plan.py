@@ -41,7 +41,7 @@ from ..functional.auto_rule import pick
 from ..functional.mask_plan import caching
 from ..functional.request import AttentionRequest, make_request
 from ..functional.scope import use_backend
-from ..measure.machine import LoadMonitor, run_warnings, cpu_label, machine_info
+from ..measure.machine import LoadMonitor, cpu_label, machine_info, run_warnings
 from ..measure.timing import time_interleaved
 from ..models.gpt import GPT, GPTConfig
 from ..nn.blocks import BlockConfig, EncoderStack

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Optional
 
-from ..measure.machine import run_warnings, cpu_label
+from ..measure.machine import cpu_label, run_warnings
 from ..measure.timing import MAX_CALL_S
 
 __all__ = ["format_table", "write_json", "fmt_bytes"]

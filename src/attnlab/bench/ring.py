@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from ..measure.machine import LoadMonitor, run_warnings, machine_info
+from ..measure.machine import LoadMonitor, machine_info, run_warnings
 from ..train.distributed import free_port
 from .lm_report import _table
 
