@@ -113,9 +113,9 @@ AMX_MEASURED = {
 #   at 8192, 16384 in one run, 0.97x, 0.97x in a second and 1.00x, 0.98x in a third (AVX2_CAUSAL_FWD_BELOW: SDPA
 #   by a little from 4096); with gradients 1.03-1.36x at n = 1024-16384;
 # * fp32 without a mask, with gradients: the kernel from n = 2048 (AVX2_TRAIN_FROM; 1.01-1.06x at 2048 in six
-#   runs and 3072, 0.96-1.05x at 4096, 1.02-1.06x at 8192 (D = 64, 128), 1.04x at 16384); below 2048 a tie
+#   runs and 3072, 0.96-1.05x at 4096, 1.02-1.06x at 8192, 1.02-1.04x at 16384, D = 64 and 128); below 2048 a tie
 #   (0.95-1.05x at n = 1024 in eight runs, 0.97-1.05x at 576-1536), left to SDPA;
-# * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.97x); bf16 causal forward, the kernel
+# * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.98x); bf16 causal forward, the kernel
 #   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
 ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
@@ -138,15 +138,15 @@ AVX2_MEASURED = {
                     f"1.03-1.36x its forward+backward at n = 1024-16384, D = 64 and 128 ({ZEN3})"),
     "fp32 training": ("fp32 with gradients from n = 2048: the compiled kernel measured 1.01-1.06x SDPA's "
                       "forward+backward without a mask at n = 2048 (six runs) and 3072, 0.96-1.05x at 4096, "
-                      f"1.02-1.06x at 8192 (D = 64 and 128) and 1.04x at 16384 ({ZEN3})"),
+                      f"1.02-1.06x at 8192 and 1.02-1.04x at 16384 (D = 64 and 128) ({ZEN3})"),
     "bf16 causal": ("bf16 causal forward below n = 8192: the compiled kernel measured 1.14x, 1.04x SDPA's at "
                     f"n = 1024, 4096 (0.90x at 8192) ({ZEN3})"),
     "training to sdpa": ("fp32 with gradients below n = 2048, a tie: the compiled kernel measured 0.95-1.05x SDPA's "
                          "forward+backward without a mask at n = 1024 in eight runs and 0.97-1.05x at 576-1536 "
                          f"({ZEN3})"),
-    "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.97x SDPA's "
+    "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.98x SDPA's "
                         "without a mask at n = 1024-16384, and with a causal one 1.00-1.03x at n = 4096 and 0.81-1.00x "
-                        f"at 8192 and 16384 in three runs ({ZEN3})"),
+                        f"at 8192 and 16384, D = 64 and 128 ({ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
                f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
