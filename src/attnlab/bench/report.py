@@ -64,7 +64,7 @@ def _footer(report: dict) -> list[str]:
     lines = [f"shape: B={c.get('batch')} H={c.get('heads')} D={c.get('head_dim')}, self-attention L = S = n; "
              f"{meta['torch_threads']} threads on {cpu_label(meta)}, torch {meta['torch']}",
              ("GEMM peak (measured: fastest of 10 2048^3 matmuls, smaller where one call would take over "
-              f"{MAX_CALL_S} s; bf16 the faster of torch's and MKL's bf16 GEMM; at start and end): ")
+              f"{MAX_CALL_S} s; bf16 and fp16 the faster of torch's and MKL's GEMM of that dtype; at start and end): ")
              + ", ".join(f"{dt} {g:.0f} GFLOP/s" for dt, g in meta["gemm_peak_gflops"].items()),
              f"GFLOP/s: {meta['flops']}",
              f"{meta['ratios']}",

@@ -114,11 +114,13 @@ def gemm_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) ->
     in the bench is relative to it, not to a datasheet number. The fastest run, not the median:
     a peak is what the machine *can* do, and on a shared VM the median drifts with neighbours.
 
-    bfloat16 is the faster of torch's matmul and MKL's ``cblas_gemm_bf16bf16f32``, the GEMM the compiled
-    kernel and torch's CPU attention call: on a CPU without AVX-512 torch's bf16 matmul is a scalar
-    fallback (0.9-1.4 GFLOP/s on an AMD EPYC Zen 3 with AVX2, 4 Dec 2026, against MKL's 118-184), and
-    a 2048^3 call of it takes 17 s. A GEMM whose first small call says it would take more than
-    ``MAX_CALL_S`` at ``size`` is measured at a smaller size.
+    bfloat16 and float16 are the faster of torch's matmul and MKL's half-precision GEMM
+    (``cblas_gemm_bf16bf16f32``, the compiled kernel's bf16 GEMM off AMX; ``cblas_gemm_f16f16f32``): on a
+    CPU without AVX-512 torch's bf16 and fp16 matmuls are scalar fallbacks (0.9-1.4 GFLOP/s on an AMD EPYC
+    Zen 3 with AVX2, 4-5 Dec 2026, against MKL's 118-184), and a 2048^3 call of one takes 17 s. Attention
+    does not run on those fallbacks (torch's CPU attention computes half-precision tiles in float32): against
+    torch's fp16 matmul alone an fp16 SDPA row read 2,362% of peak. A GEMM whose first small call says it
+    would take more than ``MAX_CALL_S`` at ``size`` is measured at a smaller size.
     """
     def rate(gemm: Callable[[Tensor, Tensor], object]) -> float:
         n = _affordable_size(gemm, dtype, size)
@@ -126,7 +128,7 @@ def gemm_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 10) ->
         t = time_median(lambda: gemm(a, b), repeats=repeats)
         return 2 * n ** 3 / min(t.times_s) / 1e9
     rates = [rate(torch.matmul)]
-    mkl = _mkl_bf16_gemm() if dtype == torch.bfloat16 else None
+    mkl = _mkl_half_gemm(dtype)
     if mkl is not None:
         rates.append(rate(mkl))
     return max(rates)
@@ -156,13 +158,20 @@ def _affordable_size(gemm: Callable[[Tensor, Tensor], object], dtype: torch.dtyp
     return size
 
 
-def _mkl_bf16_gemm() -> Optional[Callable[[Tensor, Tensor], Tensor]]:
-    """MKL's row-major bf16 x bf16 -> fp32 GEMM from libtorch_cpu (torch's CPU wheels export it), or None."""
+#: MKL's row-major half x half -> fp32 GEMMs, by the dtype they read (torch's CPU wheels export both)
+_MKL_HALF_GEMMS = {torch.bfloat16: "cblas_gemm_bf16bf16f32", torch.float16: "cblas_gemm_f16f16f32"}
+
+
+def _mkl_half_gemm(dtype: torch.dtype) -> Optional[Callable[[Tensor, Tensor], Tensor]]:
+    """MKL's row-major ``dtype`` x ``dtype`` -> fp32 GEMM from libtorch_cpu, or None (another dtype, or a
+    torch build that does not export it)."""
     import ctypes
     import os
+    if dtype not in _MKL_HALF_GEMMS:
+        return None
     try:
         lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        fn = lib.cblas_gemm_bf16bf16f32
+        fn = getattr(lib, _MKL_HALF_GEMMS[dtype])
     except (OSError, AttributeError):
         return None
     # (layout, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); MKL's LP64 ints
@@ -171,7 +180,7 @@ def _mkl_bf16_gemm() -> Optional[Callable[[Tensor, Tensor], Tensor]]:
     fn.restype = None
     row_major, no_trans = 101, 111
 
-    def gemm(a: Tensor, b: Tensor) -> Tensor:       # a (m, k), b (k, n) contiguous bf16 -> (m, n) fp32
+    def gemm(a: Tensor, b: Tensor) -> Tensor:       # a (m, k), b (k, n) contiguous dtype -> (m, n) fp32
         m, k = a.shape
         n = b.shape[1]
         c = torch.empty(m, n)
