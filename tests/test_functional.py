@@ -11,7 +11,7 @@ import attnlab as al
 from attnlab.functional.backends.reference import reference_attention
 from helpers import CANDIDATES, CASES, FLOOR, MASK_KINDS, errors, make_inputs, make_mask
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
 @pytest.mark.parametrize("backend", sorted(CANDIDATES))
@@ -356,7 +356,7 @@ def test_every_ratio_auto_quotes_names_the_cpu_it_was_measured_on(monkeypatch, c
     """Issue #27: explain() never quotes one CPU's ratios as this machine's."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
     from attnlab.positional import ALiBi
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for D in (64, 40, 8):
             q = torch.empty(1, 8, 4096, D, dtype=dtype)
             for kw in ({}, dict(causal=True), dict(mask=al.masks.window(256, 0)), dict(bias=ALiBi(8).bias())):
@@ -364,6 +364,38 @@ def test_every_ratio_auto_quotes_names_the_cpu_it_was_measured_on(monkeypatch, c
                     line = al.explain(x, q, q, **kw).split("\n")[1]                   # "auto -> name: why"
                     if "measured" in line:
                         assert any(cpu in line for cpu in ("Intel Xeon with AMX", "AMD Zen 4", "AMD EPYC Zen 3")), line
+
+
+def test_fp16_without_avx512_goes_to_the_compiled_kernel_where_it_measured_faster(avx2):
+    """fp16 on the Zen 3: the kernel (fp16 computed as fp32) with gradients at every size, forward from n = 96;
+    SDPA below, and for a dense mask with no empty tiles (the kernel measured 0.85-0.94x there)."""
+    from attnlab.functional.auto_rule import AVX2_FP16_FROM
+    assert AVX2_FP16_FROM == 96 * 96
+    x = torch.empty(1, 8, 64, 64, dtype=torch.float16)
+    assert al.explain(x, x, x).split("\n")[1].startswith("auto -> sdpa")
+    assert al.explain(x.requires_grad_(), x, x).split("\n")[1].startswith("auto -> native: fp16 with gradients")
+    for n, kw in ((96, {}), (96, dict(causal=True)), (4096, {}), (4096, dict(causal=True))):
+        x = torch.empty(1, 8, n, 64, dtype=torch.float16)
+        line = al.explain(x, x, x, **kw).split("\n")[1]
+        assert line.startswith("auto -> native: fp16 forward") and "AMD EPYC Zen 3" in line, (n, kw, line)
+    x = torch.empty(1, 8, 1024, 64, dtype=torch.float16)
+    line = al.explain(x, x, x, mask=al.masks.window(256, 0)).split("\n")[1]
+    assert line.startswith("auto -> native") and "fp16 forward (given the dense mask" in line, line
+    dense = al.masks.dense(torch.rand(1, 1, 1024, 1024, generator=torch.Generator().manual_seed(0)) > 0.5)
+    assert al.explain(x, x, x, mask=dense).split("\n")[1].startswith("auto -> sdpa: a dense mask")
+
+
+@pytest.mark.parametrize("cls", ["amx", "avx512_bf16", "avx512"])
+def test_fp16_with_avx512_keeps_sdpa_for_plain_requests_and_says_where_fp16_was_measured(monkeypatch, cls):
+    """No fp16 figure was measured on these classes: a plain fp16 request stays on SDPA, and a masked one goes to
+    the compiled kernel (it went to the Python tiled kernel while the compiled one refused fp16), quoting the one
+    class where fp16 was measured, by name."""
+    monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
+    x = torch.empty(1, 8, 4096, 64, dtype=torch.float16)
+    for kw in ({}, dict(causal=True)):
+        assert al.explain(x, x, x, **kw).split("\n")[1].startswith("auto -> sdpa")
+    line = al.explain(x, x, x, mask=al.masks.window(256, 0)).split("\n")[1]
+    assert line.startswith("auto -> native") and "measured on one CPU class only" in line and "Zen 3" in line, line
 
 
 def test_structured_bias_tile_values_and_its_old_name():

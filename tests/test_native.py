@@ -151,6 +151,28 @@ def test_rows_with_nothing_to_attend_to_and_their_lse():
     torch.testing.assert_close(lse, torch.logsumexp(logits, -1))
 
 
+@pytest.mark.parametrize("backend", ["native", "tiled"])
+def test_fp16_on_the_cpu_is_computed_as_fp32(backend):
+    """The contract (docs/design.md, "float16"): the same bits as the fp32 computation on the same values,
+    rounded once; lse in fp32, gradients in fp16 (autograd's cast of the fp32 ones). A kernel that rounded P or
+    dS to fp16 inside would differ here."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 70, 32, generator=g).half().requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 4, 70, 32, generator=g).half()
+    mask = masks.window(9, 3) & masks.padding([70, 41])
+    out = al.attention(q, k, v, mask=mask, backend=backend)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out32 = al.attention(q32, k32, v32, mask=mask, backend=backend)
+    assert out.dtype == torch.float16 and torch.equal(out, out32.half())
+    out.backward(dout)
+    out32.backward(dout.float())
+    for t, t32 in zip((q, k, v), (q32, k32, v32)):
+        assert t.grad.dtype == torch.float16 and torch.equal(t.grad, t32.grad.half())
+    if backend == "native":
+        _, lse = native_forward(q.detach(), k.detach(), v.detach(), mask=mask, scale=32 ** -0.5)
+        assert lse.dtype == torch.float32
+
+
 def test_return_weights_are_the_reference_weights():
     q, k, v = leaves((2, 4, 9, 8), (2, 2, 11, 8), (2, 2, 11, 8))
     mask = masks.window(2, 2) & masks.padding([11, 3])

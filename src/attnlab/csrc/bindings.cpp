@@ -28,8 +28,9 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "q, k, v must share a dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
   auto t = q.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kBFloat16,
-              "native attention takes float32, float64 or bfloat16, got ", t, ": cast the inputs or use backend='tiled'");
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf,
+              "native attention takes float32, float64, bfloat16 or float16, got ", t,
+              ": cast the inputs or use backend='tiled'");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "q has ", q.size(1), " heads, k has ", k.size(1),
               ": q heads must be a multiple of k heads");
 }
@@ -52,6 +53,14 @@ at::Tensor readable(const at::Tensor& x) {
   if (N <= 1) st[2] = row;
   return st == y.strides().vec() ? y : y.as_strided(y.sizes(), st);
 }
+
+// float16 is computed as float32: the inputs are converted here once per call (O(n D) against the
+// kernel's O(n^2 D)); out, lse and the gradients come back in float32, and the Python side rounds out
+// once (its backward's rowsum(dO o O) then reads the unrounded output, as the float32 computation's
+// does: fp16 results are the fp32 computation's, rounded; tests/test_native.py). No CPU this kernel runs on has an fp16 GEMM faster than its fp32 one that it could call
+// (AMD EPYC Zen 3: MKL's cblas_gemm_f16f16f32 170 GFLOP/s, sgemm_ 190; docs/design.md, "float16"), and
+// rounding the probabilities and dS to fp16 would add error the reference does not have.
+at::Tensor computed(const at::Tensor& x) { return x.scalar_type() == at::kHalf ? x.to(at::kFloat) : x; }
 
 // Problem from the Python-side arguments (the tensors must outlive the call: they are borrowed).
 template <typename acc_t>
@@ -112,7 +121,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
                                 int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
                                 double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
   check_inputs(q_in, k_in, v_in);
-  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in);
+  const at::Tensor q = readable(computed(q_in)), k = readable(computed(k_in)), v = readable(computed(v_in));
   auto out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(acc_type(q.scalar_type())));
   switch (q.scalar_type()) {
@@ -146,7 +155,8 @@ std::vector<at::Tensor> backward(const at::Tensor& q_in, const at::Tensor& k_in,
   TORCH_CHECK(dout_in.sizes() == at::IntArrayRef(out_shape) && dout_in.scalar_type() == q_in.scalar_type(),
               "dout must have out's shape ", at::IntArrayRef(out_shape), " and dtype ", q_in.scalar_type(), ", got ",
               dout_in.sizes(), " ", dout_in.scalar_type());
-  const at::Tensor q = readable(q_in), k = readable(k_in), v = readable(v_in), dout = readable(dout_in);
+  const at::Tensor q = readable(computed(q_in)), k = readable(computed(k_in)), v = readable(computed(v_in)),
+                   dout = readable(computed(dout_in));
   const auto acc = q.options().dtype(acc_type(q.scalar_type()));
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == acc.dtype().toScalarType(),
               "lse and delta must be contiguous accumulation-type tensors");

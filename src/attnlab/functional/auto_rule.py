@@ -129,6 +129,11 @@ def no_bf16_gemm() -> bool:
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
 AVX2_TRAIN_FROM = 2048 * 2048
+# fp16 on a CPU without AVX-512: torch's fp16 GEMM is a scalar fallback too (1.3 GFLOP/s on the Zen 3), SDPA's
+# fp16 forward ran at half its fp32 speed there, and the compiled kernel computes fp16 as fp32 (csrc/bindings.cpp,
+# `computed`): the kernel for a plain request from n = 96 (AVX2_FP16_FROM), and with gradients at every size
+# (AVX2_MEASURED below; docs/benchmarks.md, "Issue #27: float16 in the compiled kernel").
+AVX2_FP16_FROM = 96 * 96
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
@@ -147,6 +152,16 @@ AVX2_MEASURED = {
     "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.98x SDPA's "
                         "without a mask at n = 1024-16384, and with a causal one 1.00-1.03x at n = 4096 and 0.81-1.00x "
                         f"at 8192 and 16384, D = 64 and 128 ({ZEN3})"),
+    "fp16 training": ("fp16 with gradients on a CPU without AVX-512, where torch's fp16 GEMM (which SDPA's backward "
+                      "calls) is a scalar fallback: the compiled kernel, which computes fp16 as fp32, measured "
+                      "2.0-13x SDPA's forward+backward without a mask or with a causal one at n = 64-2048, D = 64, "
+                      f"and 9.9-10x at n = 4096, D = 128 ({ZEN3})"),
+    "fp16 forward": ("fp16 forward on a CPU without AVX-512: the compiled kernel, which computes fp16 as fp32, "
+                     "measured 1.2-2.8x SDPA's without a mask or with a causal one at n = 96-8192, D = 64, and "
+                     f"1.4-1.5x at n = 4096, D = 128 (0.72-0.78x at n = 64) ({ZEN3})"),
+    "fp16 masked": ("measured 1.9-2.1x torch SDPA's fp16 forward (given the dense mask or bias) with key padding, "
+                    "2.8-3.5x with ALiBi, 4.7-28x with a W = 256 window and 8.3-13x with 8 documents at "
+                    f"n = 1024-8192, D = 64 ({ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
                f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
@@ -198,6 +213,11 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
     if req.q.dtype == torch.bfloat16 and req.needs_grad and no_bf16_gemm() and "native" in runnable:
         return "native", AVX2_MEASURED["bf16 training"]
+    if req.q.dtype == torch.float16 and no_bf16_gemm() and "native" in runnable:
+        if req.needs_grad:
+            return "native", AVX2_MEASURED["fp16 training"]
+        if plain and L * S >= AVX2_FP16_FROM:
+            return "native", AVX2_MEASURED["fp16 forward"]
     if sdpa_ok and plain:
         tuned = _tuned(req, plain=True) if "native" in runnable else None
         if tuned is not None:
@@ -242,7 +262,10 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
         return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
                               f"the {exact_kernel} kernel keeps O(L + S) memory")
     if "native" in runnable:
-        measured = (AVX2_MEASURED["masked"] if no_bf16_gemm() else
+        fp16 = req.q.dtype == torch.float16
+        measured = (AVX2_MEASURED["fp16 masked" if fp16 else "masked"] if no_bf16_gemm() else
+                    ("fp16 runs in the compiled kernel as fp32; fp16 was measured on one CPU class only: "
+                     + AVX2_MEASURED["fp16 masked"]) if fp16 else
                     f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
                     f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
                     f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "

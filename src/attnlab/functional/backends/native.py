@@ -37,7 +37,9 @@ __all__ = ["native_attention", "native_forward", "native_block_backward", "info"
 _native, ISA, _WHY_ISA = native_build.load()
 _WHY_NOT: Optional[str] = None if _native is not None else _WHY_ISA
 
-_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+# float16 is computed as float32: converted once per call at the boundary (csrc/bindings.cpp, `computed`), the
+# output returned in float32 and rounded outside the autograd Function (its backward then reads the unrounded output)
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def why_unavailable() -> Optional[str]:
@@ -56,7 +58,8 @@ def info() -> str:
         return f"native: unavailable: {_WHY_NOT}"
     amx = ("; bfloat16 on AMX tiles (oneDNN brgemm) where D and Dv are multiples of 16"
            if ISA == "amx" else "")
-    return f"native: build {ISA} ({_WHY_ISA}); at::vec {_native.capability()}; {_native.blas()}{amx}"
+    return (f"native: build {ISA} ({_WHY_ISA}); at::vec {_native.capability()}; {_native.blas()}{amx}; "
+            "float16: computed as float32")
 
 
 def on_amx(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
@@ -202,10 +205,15 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, spans: Optional[Tensor], bits: Optiona
     return out, lse
 
 
+def _computed(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel computes and returns its output in: float32 for float16 (see _DTYPES), else dtype."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 @_fwd.register_fake
 def _(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, tile_q, tile_k):
     B, H, L, _ = q.shape
-    return q.new_empty(B, H, L, v.shape[3]), q.new_empty(B, H, L, dtype=accum_dtype(q.dtype))
+    return q.new_empty(B, H, L, v.shape[3], dtype=_computed(q.dtype)), q.new_empty(B, H, L, dtype=accum_dtype(q.dtype))
 
 
 @torch.library.custom_op("attnlab::native_bwd", mutates_args=())
@@ -310,6 +318,8 @@ class _NativeAttention(torch.autograd.Function):
         acc = accum_dtype(q.dtype)
         delta = (dout.to(acc) * out.to(acc)).sum(-1)                   # (B, H, L) rowsum(dO o O)
         want_dbias = bias is not None and ctx.needs_input_grad[3]
+        # fp16: out and dout arrive in float32 (the output is rounded outside this Function); dout was an fp16 value
+        dout = dout.to(q.dtype)
         q, k, v, bias, dout, delta = (_no_grad(t) for t in (q, k, v, bias, dout, delta))
         dq, dk, dv, dbias = _bwd(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0,
                                  scale, softcap, dropout_p, seed, bq, bk, want_dbias)
@@ -339,7 +349,8 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
             int(tile_q or dq), int(tile_k or dk))
     # q, k, v with any strides: the kernel copies only what it cannot read (csrc/bindings.cpp, readable)
-    return _NativeAttention.apply(q, k, v, bias_t, spans, bits, args)
+    out, lse = _NativeAttention.apply(q, k, v, bias_t, spans, bits, args)
+    return out.to(q.dtype), lse                      # fp16: rounded once, outside the Function (see _computed)
 
 
 def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, *,
@@ -367,7 +378,7 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
     if req.q.device.type != "cpu":
         return f"it runs on the CPU, and q is on {req.q.device} (use 'tiled' or 'triton')"
     if req.q.dtype not in _DTYPES:
-        return f"it takes float32, float64 and bfloat16, not {req.q.dtype} (use 'tiled')"
+        return f"it takes float32, float64, bfloat16 and float16, not {req.q.dtype} (use 'tiled')"
     if isinstance(req.bias, StructuredBias):
         L, S = req.q.shape[2], req.k.shape[2]
         if req.bias.table(L, S) is None:
@@ -387,7 +398,8 @@ def native_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = 
     """Exact attention in the compiled kernel.
 
     Args:
-        q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv), float32 / float64 / bfloat16 on the CPU.
+        q: (B, H, L, D); k: (B, Hkv, S, D); v: (B, Hkv, S, Dv), float32 / float64 / bfloat16 / float16 on the
+            CPU (float16 computed as float32: the inputs converted once per call, the output rounded once).
         mask, bias, scale, softcap, dropout_p, dropout_seed, return_weights: as for the reference backend.
         tile_q, tile_k: tile sizes (defaults: ``default_tiles``).
     Returns:

@@ -325,9 +325,19 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = N
     params = bias_s.params if bias_s is not None else ()
     spec = TiledSpec(mask=mask, bias_s=bias_s, plan=plan, qscale=scale * LOG2E, softcap=softcap,
                      dropout_p=dropout_p, seed=dropout_seed, inspect_data=not static)
+    # float16 on the CPU runs as float32 (inputs converted once per call, output rounded once), as in the
+    # compiled kernel (csrc/bindings.cpp, `computed`): torch's CPU fp16 matmul returns fp16 logits, whose
+    # rounding cost the bias gradient 3.4x the same-dtype reference's error on a W = 3 window
+    # (tests/test_functional.py), and off AVX512-FP16 it is a scalar fallback (1.3 GFLOP/s on an AMD EPYC
+    # Zen 3 with AVX2, against sgemm's 190). On a GPU float16 stays float16: its tensor cores are the point.
+    half = q.dtype == torch.float16 and q.device.type == "cpu"
+    if half:
+        q, k, v = q.float(), k.float(), v.float()
+        bias_t = bias_t.float() if bias_t is not None and bias_t.dtype == torch.float16 else bias_t
     q5 = q.reshape(B, Hkv, H // Hkv, L, D)
     out5, lse2, _ = _TiledAttention.apply(q5, k, v, bias_t, spec, *params)
     out = out5.reshape(B, H, L, v.shape[3])
+    out = out.half() if half else out
     if return_weights:
         with torch.no_grad():
             return out, _weights(TiledProblem(spec, q5, k, v, bias_t, params), lse2)
