@@ -20,7 +20,7 @@ def qkv(B=2, H=3, L=32, S=32, D=16, dtype=torch.float32, Hkv=None, Dv=None):
 
 
 PLAIN = [dict(), dict(L=128, S=128), dict(L=1, S=16), dict(L=512, S=512), dict(L=7, S=40),
-         dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(B=1, H=1, D=1),
+         dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(dtype=torch.float16), dict(B=1, H=1, D=1),
          dict(S=15), dict(L=8, S=8), dict(L=3, S=3, dtype=torch.float64),   # few keys, finite: a check, then SDPA
          dict(H=4, Hkv=2), dict(B=1, H=8, Hkv=1, L=1, S=64)]                   # GQA, MQA decode
 
@@ -72,25 +72,39 @@ OTHERS = {
     "Dv != D": (dict(Dv=8), {}),
     "large": (dict(L=513, S=512), {}),
     "causal L != S": (dict(L=16, S=32), dict(causal=True)),
-    "float16": (dict(dtype=torch.float16), {}),
     "int scale": ({}, dict(scale=1)),
     "inf scale": ({}, dict(scale=math.inf)),
     "causal as int": ({}, dict(causal=1)),
 }
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
-def test_bf16_training_without_avx512_takes_the_full_path(cls, monkeypatch):
-    """Where torch has no fast bf16 GEMM (no AVX-512), auto sends bf16 with gradients to the compiled kernel at
-    every size: the shortcut must not send it to SDPA (it did, at n = 64-512: 1.2-8.3x slower)."""
+def test_half_precision_training_without_avx512_takes_the_full_path(cls, dtype, monkeypatch):
+    """Where torch has no fast bf16 or fp16 GEMM (no AVX-512), auto sends bf16 and fp16 with gradients to the
+    compiled kernel at every size: the shortcut must not send them to SDPA (bf16 once did, at n = 64-512: 1.2-8.3x
+    slower; fp16 measured 2.0-7.9x there)."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-    q, k, v = qkv(L=64, S=64, dtype=torch.bfloat16)
+    q, k, v = qkv(L=64, S=64, dtype=dtype)
     assert api._plain_small(q, k, v, True, None)                          # inference: SDPA on both
     q.requires_grad_()
     assert bool(api._plain_small(q, k, v, True, None)) == (cls == "avx512_bf16")
     with torch.no_grad():
         assert api._plain_small(q, k, v, True, None)
     assert auto_rule.pick(make_request(q, k, v, causal=True))[0] == ("sdpa" if cls == "avx512_bf16" else "native")
+
+
+@pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
+def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monkeypatch):
+    """fp16 inference without AVX-512 goes to the compiled kernel from n = 96 (AVX2_FP16_FROM), to SDPA below;
+    with AVX-512 to SDPA at every size the shortcut covers."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
+    for n in (64, 95, 96, 128, 512):
+        q, k, v = qkv(L=n, S=n, dtype=torch.float16)
+        shortcut = api._plain_small(q, k, v, True, None) is not None
+        picked = auto_rule.pick(make_request(q, k, v, causal=True))[0]
+        assert shortcut == (cls == "avx512_bf16" or n * n < auto_rule.AVX2_FP16_FROM), n
+        assert picked == ("sdpa" if shortcut else "native"), (n, picked)
 
 
 @pytest.mark.parametrize("name", OTHERS)

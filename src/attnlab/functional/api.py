@@ -50,14 +50,16 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and q.stride()[-1] == 1 and k.stride()[-1] == 1 and v.stride()[-1] == 1
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
-    if (dt is torch.bfloat16 and (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
-            and auto_rule.no_bf16_gemm()):                               # bf16 training without AVX-512: the kernel
-        return None
+    if (dt is torch.bfloat16 or dt is torch.float16) and auto_rule.no_bf16_gemm():    # without AVX-512: the kernel
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():   # for training,
+            return None
+        if dt is torch.float16 and L * S >= auto_rule.AVX2_FP16_FROM:                     # and fp16 from n = 96
+            return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv
 
 
-_PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+_PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def choose_backend(req: AttentionRequest, backend: str) -> Backend:
