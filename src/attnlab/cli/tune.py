@@ -38,7 +38,11 @@ def add_tune(sub) -> None:
     p.add_argument("--quick", action="store_true", help="n 1024 only, three padding points, 3 runs each")
     p.add_argument("--n", type=_positive_int, nargs="+", help="sequence lengths of the plain sweep "
                    "(default 1024 4096)")
-    p.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], help="default: both")
+    p.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16", "float16"],
+                   help="default: float32 bfloat16. float16 on request: the Zen 3 is the one CPU class where fp16 was "
+                        "measured (its built-in rule decides fp16 training there); elsewhere auto keeps plain fp16 on "
+                        "SDPA until a tune measures it. Without AVX-512 SDPA's fp16 training takes seconds a step "
+                        "at n = 4096")
     p.add_argument("--head-dim", type=_positive_int, default=64, help="D of every case (default 64)")
     p.add_argument("--repeats", type=_positive_int, help="timed runs per contestant, rounded up to even: every other "
                    "round runs the contestants in reverse order (default: adaptive, 4-10)")

@@ -213,11 +213,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
     if req.q.dtype == torch.bfloat16 and req.needs_grad and no_bf16_gemm() and "native" in runnable:
         return "native", AVX2_MEASURED["bf16 training"]
-    if req.q.dtype == torch.float16 and no_bf16_gemm() and "native" in runnable:
-        if req.needs_grad:
-            return "native", AVX2_MEASURED["fp16 training"]
-        if plain and L * S >= AVX2_FP16_FROM:
-            return "native", AVX2_MEASURED["fp16 forward"]
+    if req.q.dtype == torch.float16 and req.needs_grad and no_bf16_gemm() and "native" in runnable:
+        return "native", AVX2_MEASURED["fp16 training"]
     if sdpa_ok and plain:
         tuned = _tuned(req, plain=True) if "native" in runnable else None
         if tuned is not None:
@@ -306,7 +303,7 @@ def _path(D: int, Dv: int) -> tuple[bool, bool]:
     return on_tiles(D, Dv), on_amx(D, Dv)
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def rule_source(reason: str) -> str:
@@ -354,7 +351,9 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
 
 
 def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: int) -> Optional[str]:
-    """``_plain_native`` on a CPU without AVX-512 (bf16 with gradients is decided before: the kernel)."""
+    """``_plain_native`` on a CPU without AVX-512 (bf16 and fp16 with gradients are decided before: the kernel)."""
+    if dtype == torch.float16:
+        return AVX2_MEASURED["fp16 forward"] if LS >= AVX2_FP16_FROM else None
     if LS <= SMALL_PROBLEM:
         return None
     if dtype == torch.float32 and causal and (needs_grad or LS < AVX2_CAUSAL_FWD_BELOW):
