@@ -154,14 +154,14 @@ AVX2_MEASURED = {
                         f"at 8192 and 16384, D = 64 and 128 ({ZEN3})"),
     "fp16 training": ("fp16 with gradients on a CPU without AVX-512, where torch's fp16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel, which computes fp16 as fp32, measured "
-                      "2.1-13x SDPA's forward+backward without a mask or with a causal one at n = 64-2048, D = 64, "
+                      "2.1-13x SDPA's forward+backward without a mask or with a causal one at n = 64-8192, D = 64, "
                       f"and 10.0-10.6x at n = 4096, D = 128 ({ZEN3})"),
     "fp16 forward": ("fp16 forward on a CPU without AVX-512: the compiled kernel, which computes fp16 as fp32, "
-                     "measured 1.2-3.0x SDPA's without a mask or with a causal one at n = 96-8192, D = 64, and "
+                     "measured 1.2-3.0x SDPA's without a mask or with a causal one at n = 96-16384, D = 64, and "
                      f"1.4-1.5x at n = 4096, D = 128 (0.67-0.82x at n = 64) ({ZEN3})"),
     "fp16 masked": ("measured 2.0-2.1x torch SDPA's fp16 forward (given the dense mask or bias) with key padding, "
-                    "2.9-3.5x with ALiBi, 4.9-29x with a W = 256 window and 8.1-12x with 8 documents at "
-                    f"n = 1024-8192, D = 64 ({ZEN3})"),
+                    "2.9-3.5x with ALiBi, 4.9-44x with a W = 256 window and 8.1-12x with 8 documents at "
+                    f"n = 1024-16384, D = 64 ({ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
                f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
