@@ -57,9 +57,9 @@ at::Tensor readable(const at::Tensor& x) {
 // float16 is computed as float32: the inputs are converted here once per call (O(n D) against the
 // kernel's O(n^2 D)); out, lse and the gradients come back in float32, and the Python side rounds out
 // once, so that its backward's rowsum(dO o O) reads the unrounded output as the float32 computation's
-// does: fp16 results are the fp32 computation's, rounded (tests/test_native.py). No CPU this kernel
-// runs on has an fp16 GEMM faster than its fp32 one that it could call (AMD EPYC Zen 3: MKL's
-// cblas_gemm_f16f16f32 170 GFLOP/s, sgemm_ 190; docs/design.md, "float16"), and rounding the
+// does: fp16 results are the fp32 computation's, rounded (tests/test_native.py). On the one CPU where
+// fp16 was measured (AMD EPYC Zen 3) no fp16 GEMM this kernel could call was faster than its fp32 one
+// (MKL's cblas_gemm_f16f16f32 170 GFLOP/s, sgemm_ 190; docs/design.md, "float16"), and rounding the
 // probabilities and dS to fp16 would add error the reference does not have.
 at::Tensor computed(const at::Tensor& x) { return x.scalar_type() == at::kHalf ? x.to(at::kFloat) : x; }
 
