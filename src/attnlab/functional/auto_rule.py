@@ -134,6 +134,8 @@ AVX2_TRAIN_FROM = 2048 * 2048
 # `computed`): the kernel for a plain request from n = 96 (AVX2_FP16_FROM), and with gradients at every size
 # (AVX2_MEASURED below; docs/benchmarks.md, "Issue #27: float16 in the compiled kernel").
 AVX2_FP16_FROM = 96 * 96
+# bf16 and fp16 with gradients without AVX-512: the kernel at every size (SDPA's backward runs on the fallback GEMM)
+_HALF_TRAINING = {torch.bfloat16: "bf16 training", torch.float16: "fp16 training"}
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
@@ -211,10 +213,9 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
-    if req.q.dtype == torch.bfloat16 and req.needs_grad and no_bf16_gemm() and "native" in runnable:
-        return "native", AVX2_MEASURED["bf16 training"]
-    if req.q.dtype == torch.float16 and req.needs_grad and no_bf16_gemm() and "native" in runnable:
-        return "native", AVX2_MEASURED["fp16 training"]
+    half_training = _HALF_TRAINING.get(req.q.dtype)
+    if half_training and req.needs_grad and no_bf16_gemm() and "native" in runnable:
+        return "native", AVX2_MEASURED[half_training]
     if sdpa_ok and plain:
         tuned = _tuned(req, plain=True) if "native" in runnable else None
         if tuned is not None:
@@ -259,16 +260,7 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
         return exact_kernel, (f"SDPA would take its math path ({why}) and materialize the (B, H, L, S) scores; "
                               f"the {exact_kernel} kernel keeps O(L + S) memory")
     if "native" in runnable:
-        fp16 = req.q.dtype == torch.float16
-        measured = (AVX2_MEASURED["fp16 masked" if fp16 else "masked"] if no_bf16_gemm() else
-                    ("fp16 runs in the compiled kernel as fp32; fp16 was measured on one CPU class only: "
-                     + AVX2_MEASURED["fp16 masked"]) if fp16 else
-                    f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
-                    f"documents at n = 1024, 4096 ({XEON_AMX})" if amx_kernel else
-                    f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
-                    f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})" if amx_bf16 else
-                    f"measured 1.85-1.90x FlexAttention's fp32 forward on a W = 256 window, 8 documents and ALiBi "
-                    f"at n = 8192 ({ZEN4}; docs/benchmarks.md, 'Issue #14, third round')")
+        measured = _masked_figures(req.q.dtype, amx_kernel, amx_bf16)
         return "native", ("a mask or bias is involved: SDPA would compute every pair and need the dense (L, S) "
                           "mask in memory; the compiled kernel visits only the keys each row may attend, reads "
                           f"structured biases from O(n) tables and keeps O(L + S) memory ({measured}: "
@@ -282,6 +274,25 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
             return name, "the only exact backend that honours this request"
     raise ValueError("no exact backend can compute this request: "
                      + "; ".join(f"{b.name}: {why}" for b, why in candidates(req) if why))
+
+
+def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str:
+    """What was measured of the compiled kernel against SDPA or FlexAttention with a mask or bias, on this CPU's
+    class and dtype (or, for fp16 off the one class where fp16 was measured, that class's figures, by name)."""
+    fp16 = dtype == torch.float16
+    if no_bf16_gemm():
+        return AVX2_MEASURED["fp16 masked" if fp16 else "masked"]
+    if fp16:
+        return ("fp16 runs in the compiled kernel as fp32; fp16 was measured on one CPU class only: "
+                + AVX2_MEASURED["fp16 masked"])
+    if amx_kernel:
+        return (f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
+                f"documents at n = 1024, 4096 ({XEON_AMX})")
+    if amx_bf16:
+        return (f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
+                f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})")
+    return (f"measured 1.85-1.90x FlexAttention's fp32 forward on a W = 256 window, 8 documents and ALiBi "
+            f"at n = 8192 ({ZEN4}; docs/benchmarks.md, 'Issue #14, third round')")
 
 
 def _tuned(req: AttentionRequest, plain: bool) -> Optional[tuple[str, str]]:
