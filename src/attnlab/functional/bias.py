@@ -78,6 +78,13 @@ class StructuredBias:
             return None
         return relative_table(self, L, S)[:, :, None, :], L - 1
 
+    def has_table(self, L: int, S: int) -> bool:
+        """Whether ``table(L, S)`` gives a table, read without building one where the class knows (a relative
+        bias; a subclass with its own ``table`` may override this): a backend asks it to accept a request."""
+        if type(self).table is StructuredBias.table:
+            return self.relative
+        return self.table(L, S) is not None
+
     def distance_slopes(self) -> "Tensor | None":
         """Per-head slopes m (H,) when the bias is exactly -m_h |i - j| (ALiBi), else None.
 

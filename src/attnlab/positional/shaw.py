@@ -52,6 +52,9 @@ class ShawKeyBias(StructuredBias):
         (qw,) = self.params
         return qw, self.k - (S - L)
 
+    def has_table(self, L: int, S: int) -> bool:
+        return True
+
 
 class ShawRelative(nn.Module):
     """The 2k + 1 relative key (and value) embeddings of width head_dim, shared by all heads."""

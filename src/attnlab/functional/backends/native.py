@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from ..tiles import old_tile_names
@@ -199,10 +200,17 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
 def _fwd(q: Tensor, k: Tensor, v: Tensor, spans: Optional[Tensor], bits: Optional[Tensor], bias_kind: int,
          bias: Optional[Tensor], tW: int, tc0: int, scale: float, softcap: float, dropout_p: float, seed: int,
          tile_q: int, tile_k: int) -> tuple[Tensor, Tensor]:
-    spans, bits = _contiguous(spans), _contiguous(bits)
-    out, lse = _native.forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
-                               tile_q, tile_k)
-    return out, lse
+    return _kernel_forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed,
+                           tile_q, tile_k)
+
+
+def _kernel_forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, tile_q,
+                    tile_k) -> tuple[Tensor, Tensor]:
+    """The compiled forward itself: the custom op's body, and what ``native_forward`` calls when nothing needs
+    the op (``_plain_call``)."""
+    out, lse = _native.forward(q, k, v, _contiguous(spans), _contiguous(bits), bias_kind, bias, tW, tc0, scale,
+                               softcap, dropout_p, seed, tile_q, tile_k)
+    return out, lse                 # a tuple (the binding returns a list, which autograd.Function would not track)
 
 
 def _computed(dtype: torch.dtype) -> torch.dtype:
@@ -221,6 +229,13 @@ def _bwd(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tens
          bits: Optional[Tensor], bias_kind: int, bias: Optional[Tensor], tW: int, tc0: int, scale: float,
          softcap: float, dropout_p: float, seed: int, tile_q: int, tile_k: int,
          want_dbias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _kernel_backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, softcap,
+                            dropout_p, seed, tile_q, tile_k, want_dbias)
+
+
+def _kernel_backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p,
+                     seed, tile_q, tile_k, want_dbias) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The compiled backward itself: the custom op's body, called directly where nothing needs the op."""
     lse, delta, spans, bits = _contiguous(lse), _contiguous(delta), _contiguous(spans), _contiguous(bits)
     dq, dk, dv, dbias = _native.backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale,
                                          softcap, dropout_p, seed, tile_q, tile_k, want_dbias)
@@ -301,7 +316,8 @@ class _NativeAttention(torch.autograd.Function):
         # detached: the op's own (generated) autograd path must stay out of torch.func's way; this
         # Function is the one autograd formula
         q, k, v, bias = (_no_grad(t) for t in (q, k, v, bias))
-        return _fwd(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk)
+        fwd = _kernel_forward if _direct(q, k, v, bias) else _fwd
+        return fwd(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softcap, dropout_p, seed, bq, bk)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -321,8 +337,9 @@ class _NativeAttention(torch.autograd.Function):
         # fp16: out and dout arrive in float32 (the output is rounded outside this Function); dout was an fp16 value
         dout = dout.to(q.dtype)
         q, k, v, bias, dout, delta = (_no_grad(t) for t in (q, k, v, bias, dout, delta))
-        dq, dk, dv, dbias = _bwd(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0,
-                                 scale, softcap, dropout_p, seed, bq, bk, want_dbias)
+        bwd = _kernel_backward if _direct(q, k, v, bias, dout) else _bwd
+        dq, dk, dv, dbias = bwd(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0,
+                                scale, softcap, dropout_p, seed, bq, bk, want_dbias)
         B, Hkv, S = k.shape[:3]
         H = q.shape[1]
         if H != Hkv:                                                   # sum each GQA group onto its kv head
@@ -330,6 +347,20 @@ class _NativeAttention(torch.autograd.Function):
             dv = dv.reshape(B, Hkv, H // Hkv, S, -1).sum(2)
         db = dbias.sum_to_size(bias.shape).to(bias.dtype) if want_dbias else None
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), db, None, None, None
+
+
+class _NativeAttentionEager(torch.autograd.Function):
+    """``_NativeAttention`` in the older form (``forward(ctx, ...)``), for calls that need no torch.func transform
+    or trace (``_direct``): torch binds a setup_context Function's arguments with ``inspect`` on every call, 60 us
+    of a 64-token training step's 0.6 ms. The same forward, context and backward."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _NativeAttention.forward(*inputs)
+        _NativeAttention.setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_NativeAttention.backward)
 
 
 def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = None, bias: Optional[Bias] = None,
@@ -344,13 +375,49 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     """
     L, S = q.shape[2], k.shape[2]
     spans, bits = mask_args(mask, L, S)
-    dq, dk = default_tiles(q.dtype, spans)
+    dq, dk = _tiles(mask, q.dtype, spans, L, S)
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
             int(tile_q or dq), int(tile_k or dk))
     # q, k, v with any strides: the kernel copies only what it cannot read (csrc/bindings.cpp, readable)
-    out, lse = _NativeAttention.apply(q, k, v, bias_t, spans, bits, args)
+    direct = _direct(q, k, v, bias_t)
+    if direct and not _records_grad(q, k, v, bias_t):       # nothing for autograd: the kernel itself
+        out, lse = _kernel_forward(q, k, v, spans, bits, kind, bias_t, *args[1:])
+    else:
+        function = _NativeAttentionEager if direct else _NativeAttention
+        out, lse = function.apply(q, k, v, bias_t, spans, bits, args)
     return out.to(q.dtype), lse                      # fp16: rounded once, outside the Function (see _computed)
+
+
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+
+
+def _records_grad(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> bool:
+    """Will autograd record this call? Where not (and ``_direct`` holds), the forward calls the kernel past the
+    autograd Function too: the Function and the custom op cost 0.2 ms a call from Python, 2-3x the kernel's own
+    time on a 64-token request (docs/benchmarks.md, "Issue #27: small requests")."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
+def _direct(*tensors: Optional[Tensor]) -> bool:
+    """May the compiled kernel be called directly instead of through its custom op (the same call, the same
+    bits)? Yes when the op has nothing to do. Not under a torch.func transform (vmap, grad), a torch.compile or
+    jit trace, a forward-mode AD level (a dual tensor's tangent would be dropped), a Python dispatch or function
+    mode (FlopCounterMode, FakeTensorMode); not for a tensor subclass or a batched tensor of the older vmap
+    (``torch._vmap_internals``, which gradcheck's batched check uses and no global flag shows)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():    # first: a trace must not reach the checks below
+        return False
+    return (all(t is None or (type(t) is Tensor and not _legacy_batched(t)) for t in tensors)
+            and not torch._C._are_functorch_transforms_active()
+            and _forward_ad._current_level < 0           # a dual level: the Function refuses forward AD, loudly
+            and torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled())
+
+
+def _tiles(mask: Optional[Mask], dtype: torch.dtype, spans: Optional[Tensor], L: int, S: int) -> tuple[int, int]:
+    """``default_tiles``, planned once per mask, (L, S) and dtype (``mask_plan.planned``): reading the spans'
+    mean width is five tensor ops, 25-40 us a call."""
+    return planned(mask, ("native tiles", L, S, dtype), lambda: default_tiles(dtype, spans))
 
 
 def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, *,
@@ -381,7 +448,7 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
         return f"it takes float32, float64, bfloat16 and float16, not {req.q.dtype} (use 'tiled')"
     if isinstance(req.bias, StructuredBias):
         L, S = req.q.shape[2], req.k.shape[2]
-        if req.bias.table(L, S) is None:
+        if not req.bias.has_table(L, S):
             return (f"it reads structured biases through a table (StructuredBias.table: a function of j - i, "
                     f"or Shaw's per-row offsets); {req.bias!r} has none (use 'tiled')")
     return None
