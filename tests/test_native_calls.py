@@ -123,3 +123,27 @@ def test_has_table_asks_a_subclass_with_its_own_table():
         attention(q, k, v, bias=Sometimes(), backend="native")
     shaw = ShawRelative(16, 4).bias(q, 40, 40, scale=0.25)
     assert shaw.has_table(40, 40)
+
+
+def test_fp16_copies_kept_between_calls_never_leak_into_the_next():
+    """float16 is converted into float32 buffers kept per thread (csrc/bindings.cpp, `computed`): a later call,
+    smaller, larger, strided (an expanded V, a transposed q) or a backward, must see only its own values."""
+    g = torch.Generator().manual_seed(3)
+
+    def half(*shape):
+        return torch.randn(*shape, generator=g).half()
+
+    calls = [(half(1, 2, 50, 16), half(1, 2, 70, 16), half(1, 2, 70, 16)),
+             (half(1, 2, 9, 16), half(1, 2, 12, 16), half(1, 2, 12, 16)),                        # smaller: fits
+             (half(2, 30, 4, 16).transpose(1, 2), half(2, 4, 90, 16), half(2, 1, 1, 16).expand(2, 4, 90, 16)),
+             (half(1, 2, 50, 16), half(1, 2, 70, 16), half(1, 2, 70, 16))]
+    for q, k, v in calls:
+        want = attention(q.float(), k.float(), v.float(), mask=masks.causal(), backend="native").half()
+        assert torch.equal(attention(q, k, v, mask=masks.causal(), backend="native"), want)
+    q, k, v = (t.clone().requires_grad_() for t in calls[2])
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    dout = half(2, 4, 30, 16)
+    grads = torch.autograd.grad(attention(q, k, v, backend="native"), (q, k, v), dout)
+    want = torch.autograd.grad(attention(q32, k32, v32, backend="native"), (q32, k32, v32), dout.float())
+    for a, b in zip(grads, want):
+        assert torch.equal(a, b.half())

@@ -3,6 +3,8 @@
 // (attnlab/functional/backends/native.py) prepares the mask spans/bits and the bias table.
 #include <torch/extension.h>
 
+#include <array>
+
 #include "amx.h"
 #include "microkernel.h"
 #include "native.h"
@@ -61,7 +63,27 @@ at::Tensor readable(const at::Tensor& x) {
 // fp16 was measured (AMD EPYC Zen 3) no fp16 GEMM this kernel could call was faster than its fp32 one
 // (MKL's cblas_gemm_f16f16f32 170 GFLOP/s, sgemm_ 190; docs/design.md, "float16"), and rounding the
 // probabilities and dS to fp16 would add error the reference does not have.
-at::Tensor computed(const at::Tensor& x) { return x.scalar_type() == at::kHalf ? x.to(at::kFloat) : x; }
+//
+// The float32 copies are written into buffers kept per thread, one per operand (`slot`), and reused by the
+// next call they fit while nothing else holds them. A fresh buffer of megabytes per call pays its page faults
+// on every call once malloc hands the memory back to the system between calls: on the Zen 3 (a KVM guest)
+// fp16 decoding, L = 1 and S = 16384 keys, took 30.7 ms with fresh copies, 5.4 ms with reused ones and 14.4 ms
+// in torch's SDPA (docs/benchmarks.md, "Issue #27: small requests"). Operands above kKeptFloats (64 MiB) get
+// a fresh copy: a kept buffer that size would outlive the call for little gain against the call's own work.
+constexpr int64_t kKeptFloats = int64_t(16) << 20;
+
+at::Tensor computed(const at::Tensor& x, int slot) {
+  if (x.scalar_type() != at::kHalf) return x;
+  const int64_t n = x.numel();
+  if (n > kKeptFloats) return x.to(at::kFloat);
+  thread_local std::array<at::Tensor, 4> kept;         // q, k, v, dout
+  at::Tensor& buf = kept.at(slot);
+  if (!buf.defined() || buf.numel() < n || buf.storage().use_count() != 1)
+    buf = at::empty({n}, x.options().dtype(at::kFloat));
+  at::Tensor y = buf.narrow(0, 0, n).view(x.sizes());   // contiguous
+  y.copy_(x);
+  return y;
+}
 
 // Problem from the Python-side arguments (the tensors must outlive the call: they are borrowed).
 template <typename acc_t>
@@ -122,7 +144,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
                                 int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
                                 double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
   check_inputs(q_in, k_in, v_in);
-  const at::Tensor q = readable(computed(q_in)), k = readable(computed(k_in)), v = readable(computed(v_in));
+  const at::Tensor q = readable(computed(q_in, 0)), k = readable(computed(k_in, 1)), v = readable(computed(v_in, 2));
   auto out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(acc_type(q.scalar_type())));
   switch (q.scalar_type()) {
@@ -156,8 +178,8 @@ std::vector<at::Tensor> backward(const at::Tensor& q_in, const at::Tensor& k_in,
   TORCH_CHECK(dout_in.sizes() == at::IntArrayRef(out_shape) && dout_in.scalar_type() == q_in.scalar_type(),
               "dout must have out's shape ", at::IntArrayRef(out_shape), " and dtype ", q_in.scalar_type(), ", got ",
               dout_in.sizes(), " ", dout_in.scalar_type());
-  const at::Tensor q = readable(computed(q_in)), k = readable(computed(k_in)), v = readable(computed(v_in)),
-                   dout = readable(computed(dout_in));
+  const at::Tensor q = readable(computed(q_in, 0)), k = readable(computed(k_in, 1)), v = readable(computed(v_in, 2)),
+                   dout = readable(computed(dout_in, 3));
   const auto acc = q.options().dtype(acc_type(q.scalar_type()));
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == acc.dtype().toScalarType(),
               "lse and delta must be contiguous accumulation-type tensors");
