@@ -65,11 +65,12 @@ at::Tensor readable(const at::Tensor& x) {
 // probabilities and dS to fp16 would add error the reference does not have.
 //
 // The float32 copies are written into buffers kept per thread, one per operand (`slot`), and reused by the
-// next call they fit while nothing else holds them. A fresh buffer of megabytes per call pays its page faults
-// on every call once malloc hands the memory back to the system between calls: on the Zen 3 (a KVM guest)
-// fp16 decoding, L = 1 and S = 16384 keys, took 30.7 ms with fresh copies, 5.4 ms with reused ones and 14.4 ms
-// in torch's SDPA (docs/benchmarks.md, "Issue #27: small requests"). Operands above kKeptFloats (64 MiB) get
-// a fresh copy: a kept buffer that size would outlive the call for little gain against the call's own work.
+// next call they fit while nothing else holds them. A fresh copy of megabytes per call pays its page faults
+// on every call once malloc returns the memory between calls, and dearly on a VM whose host takes freed
+// pages back (free-page reporting; measure/machine.py, reclaim_note): on the Zen 3, such a guest, fp16
+// decoding (L = 1, S = 16384 keys, H = 8) took 30.7 ms with fresh copies, 6.5 ms with kept ones, and 14.6 ms
+// in torch's SDPA (docs/benchmarks.md, "Issue #27: small requests"). Operands above kKeptFloats (64 MiB)
+// get a fresh copy: a kept buffer that size would outlive the call for little gain against its own work.
 constexpr int64_t kKeptFloats = int64_t(16) << 20;
 
 at::Tensor computed(const at::Tensor& x, int slot) {
