@@ -16,6 +16,7 @@ import math
 from typing import Optional
 
 import torch
+from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .backends.native import on_amx, on_tiles
@@ -24,6 +25,7 @@ from .backends.tiled_plan import skip_grid
 from .bias import StructuredBias
 from .cpu import cpu_class
 from .mask_plan import planned
+from .mask_base import Mask
 from .masks import EMPTY, DenseMask
 from .masks import parts as mask_parts
 from .patterns import BlockLayoutMask
@@ -134,6 +136,10 @@ AVX2_TRAIN_FROM = 2048 * 2048
 # `computed`): the kernel for a plain request from n = 96 (AVX2_FP16_FROM), and with gradients at every size
 # (AVX2_MEASURED below; docs/benchmarks.md, "Issue #27: float16 in the compiled kernel").
 AVX2_FP16_FROM = 96 * 96
+# Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native.py,
+# _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too), fp32
+# training from n = 128 (AVX2_SMALL_TRAIN_FROM; 0.91-1.02x at 64): AVX2_MEASURED["small masked"].
+AVX2_SMALL_TRAIN_FROM = 128 * 128
 # bf16 and fp16 with gradients without AVX-512: the kernel at every size (SDPA's backward runs on the fallback GEMM)
 _HALF_TRAINING = {torch.bfloat16: "bf16 training", torch.float16: "fp16 training"}
 AVX2_MEASURED = {
@@ -164,6 +170,11 @@ AVX2_MEASURED = {
     "fp16 masked": ("measured 2.0-2.1x torch SDPA's fp16 forward (given the dense mask or bias) with key padding, "
                     "2.9-3.5x with ALiBi, 4.9-44x with a W = 256 window and 8.1-12x with 8 documents at "
                     f"n = 1024-16384, D = 64 ({ZEN3})"),
+    "small masked": ("a structured mask or bias below 512^2 scores on a CPU without AVX-512: the compiled kernel "
+                     "measured 1.2-4.8x the sdpa backend's fp32 forward, 1.0-4.4x bf16 and 1.8-8.7x fp16 with key "
+                     "padding, a W = 64 window, 8 documents or ALiBi at n = 64-512 (B=1 H=8 D=64; 1.2-3.3x at B=8 "
+                     "H=12), 1.3-1.8x decoding one query over 64-4096 padded keys (fp32, bf16), and 1.1-5.1x the "
+                     f"fp32 forward+backward from n = 128 ({ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
                f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
@@ -226,6 +237,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
         return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
                         "path" + _class_note(req))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
+        if sdpa_ok and "native" in runnable and _small_native_avx2(req):
+            return "native", AVX2_MEASURED["small masked"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
@@ -374,6 +387,18 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: i
     if dtype == torch.bfloat16 and causal and not needs_grad and LS < BF16_CAUSAL_NATIVE_BELOW:
         return AVX2_MEASURED["bf16 causal"]
     return None
+
+
+def _small_native_avx2(req: AttentionRequest) -> bool:
+    """Does a request with a mask or bias below SMALL_PROBLEM scores take the compiled kernel on this CPU? On a CPU
+    without AVX-512, with the kinds measured there (AVX2_SMALL_TRAIN_FROM): masks whose every part has an interval
+    form (``Mask.row_spans``: causal, window, padding, documents) and no bias or a structured one. Not a dense
+    mask or bias, nor a block layout, which the kernel reads as bits: not measured."""
+    if not no_bf16_gemm() or isinstance(req.bias, Tensor):
+        return False
+    if any(type(p).row_spans is Mask.row_spans for p in mask_parts(req.mask)):
+        return False
+    return not req.needs_grad or req.shape.L * req.shape.S >= AVX2_SMALL_TRAIN_FROM
 
 
 def _class_note(req: AttentionRequest) -> str:
