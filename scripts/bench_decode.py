@@ -1,0 +1,59 @@
+"""Decoding-shaped attention: few queries (L) against many keys (S), the case `attnlab bench` (L = S = n) does not
+time. The sdpa backend, the compiled kernel and auto, medians of interleaved rounds, as ratios against the sdpa
+backend in the same run, with and without a key-padding mask (3/4 of the keys). B=1 H=8 D=64, inference.
+
+    python scripts/bench_decode.py --dtype float16 --q-len 1 4 16 64 --k-len 1024 2048 4096 8192 16384 \\
+        --json docs/bench-results-avx2-decode-fp16.json
+
+Run it alone on an idle machine (docs/benchmarks.md, "Issue #27: small requests").
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from attnlab.bench.cases import DTYPES
+from attnlab.functional import attention, masks
+from attnlab.measure.machine import machine_info
+from attnlab.measure.timing import time_interleaved
+
+BACKENDS = ("sdpa", "native", "auto")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16", "float16"], choices=list(DTYPES))
+    p.add_argument("--q-len", nargs="+", type=int, default=[1, 16])
+    p.add_argument("--k-len", nargs="+", type=int, default=[64, 256, 1024, 4096])
+    p.add_argument("--rounds", type=int, default=16, help="interleaved rounds (even)")
+    p.add_argument("--json", default="bench-results/decode.json")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    print(f"{'dtype':9} {'L':>3} {'S':>6} {'mask':8} " + " ".join(f"{b + ' ms':>10}" for b in BACKENDS)
+          + "  native x sdpa  auto x sdpa")
+    for dtype in args.dtype:
+        for L in args.q_len:
+            for S in args.k_len:
+                q = torch.randn(1, 8, L, 64, dtype=DTYPES[dtype])                       # (B, H, L, D)
+                k, v = (torch.randn(1, 8, S, 64, dtype=DTYPES[dtype]) for _ in range(2))  # (B, H, S, D)
+                for kind, mask in (("none", None), ("padding", masks.padding([3 * S // 4]))):
+                    fns = [lambda b=b: attention(q, k, v, mask=mask, backend=b) for b in BACKENDS]
+                    for fn in fns:
+                        fn()                                                              # warm-up
+                    ms = [1e3 * statistics.median(t) for t in time_interleaved(fns, args.rounds)]
+                    row = dict(dtype=dtype, L=L, S=S, mask=kind, **{f"{b}_ms": m for b, m in zip(BACKENDS, ms)})
+                    rows.append(row)
+                    print(f"{dtype:9} {L:3d} {S:6d} {kind:8} " + " ".join(f"{m:10.3f}" for m in ms)
+                          + f"  {ms[0] / ms[1]:13.2f}  {ms[0] / ms[2]:11.2f}", flush=True)
+    meta = machine_info()
+    meta["command"] = "python scripts/bench_decode.py " + " ".join(sys.argv[1:])
+    with open(args.json, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"{meta['cpu_model']} [{meta['cpu_class']}], {meta['torch_threads']} threads; wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
