@@ -85,7 +85,7 @@ def test_half_precision_training_without_avx512_takes_the_full_path(cls, dtype, 
     compiled kernel at every size: the shortcut must not send them to SDPA (bf16 once did, at n = 64-512: 1.2-8.3x
     slower; fp16 measured 2.1-13x there)."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-    q, k, v = qkv(L=64, S=64, dtype=dtype)
+    q, k, v = qkv(L=32, S=32, dtype=dtype)
     assert api._plain_small(q, k, v, True, None)                          # inference: SDPA on both
     q.requires_grad_()
     assert bool(api._plain_small(q, k, v, True, None)) == (cls == "avx512_bf16")
@@ -96,15 +96,18 @@ def test_half_precision_training_without_avx512_takes_the_full_path(cls, dtype, 
 
 @pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
 def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monkeypatch):
-    """fp16 inference without AVX-512 goes to the compiled kernel from n = 96 (AVX2_FP16_FROM), to SDPA below;
-    with AVX-512 to SDPA at every size the shortcut covers."""
+    """fp16 inference without AVX-512 goes to the compiled kernel from n = 48 (AVX2_FP16_FROM) or 256 keys
+    (AVX2_FP16_KEYS_FROM), to SDPA below; with AVX-512 to SDPA at every size the shortcut covers."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-    for n in (64, 95, 96, 128, 512):
-        q, k, v = qkv(L=n, S=n, dtype=torch.float16)
-        shortcut = api._plain_small(q, k, v, True, None) is not None
-        picked = auto_rule.pick(make_request(q, k, v, causal=True))[0]
-        assert shortcut == (cls == "avx512_bf16" or n * n < auto_rule.AVX2_FP16_FROM), n
-        assert picked == ("sdpa" if shortcut else "native"), (n, picked)
+    assert (auto_rule.AVX2_FP16_FROM, auto_rule.AVX2_FP16_KEYS_FROM) == (48 * 48, 256)
+    for L, S, kernel in ((32, 32, False), (47, 47, False), (48, 48, True), (128, 128, True), (512, 512, True),
+                         (1, 64, False), (16, 64, False), (1, 255, False), (1, 256, True), (4, 4096, True)):
+        q, k, v = qkv(L=L, S=S, dtype=torch.float16)
+        causal = L == S                                                  # decoding: no mask
+        shortcut = api._plain_small(q, k, v, causal, None) is not None
+        picked = auto_rule.pick(make_request(q, k, v, causal=causal))[0]
+        assert shortcut == (cls == "avx512_bf16" or not kernel), (L, S)
+        assert picked == ("sdpa" if shortcut else "native"), (L, S, picked)
 
 
 @pytest.mark.parametrize("name", OTHERS)

@@ -53,7 +53,7 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
     if (dt is torch.bfloat16 or dt is torch.float16) and auto_rule.no_bf16_gemm():    # without AVX-512: the kernel
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():   # for training,
             return None
-        if dt is torch.float16 and L * S >= auto_rule.AVX2_FP16_FROM:                     # and fp16 from n = 96
+        if dt is torch.float16 and auto_rule.fp16_forward_native(L, S):                   # and fp16 from n = 48
             return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv

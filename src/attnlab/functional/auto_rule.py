@@ -133,9 +133,18 @@ AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
 AVX2_TRAIN_FROM = 2048 * 2048
 # fp16 on a CPU without AVX-512: torch's fp16 GEMM is a scalar fallback too (1.3 GFLOP/s on the Zen 3), SDPA's
 # fp16 forward ran at half its fp32 speed there, and the compiled kernel computes fp16 as fp32 (csrc/bindings.cpp,
-# `computed`): the kernel for a plain request from n = 96 (AVX2_FP16_FROM), and with gradients at every size
-# (AVX2_MEASURED below; docs/benchmarks.md, "Issue #27: float16 in the compiled kernel").
-AVX2_FP16_FROM = 96 * 96
+# `computed`): the kernel for a plain request from n = 48 (AVX2_FP16_FROM; n = 96 until the kernel was called
+# directly, backends/native.py's _direct) and from 256 keys whatever the queries (AVX2_FP16_KEYS_FROM: SDPA's fp16
+# cost grows with the keys, 0.97 ms for 1 query over 1024), and with gradients at every size (AVX2_MEASURED below;
+# docs/benchmarks.md, "Issue #27: float16 in the compiled kernel" and "Issue #27: small requests").
+AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
+
+
+def fp16_forward_native(L: int, S: int) -> bool:
+    """Does plain fp16 inference of L queries over S keys go to the compiled kernel on a CPU without AVX-512?"""
+    return L * S >= AVX2_FP16_FROM or S >= AVX2_FP16_KEYS_FROM
+
+
 # Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native.py,
 # _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too), fp32
 # training from n = 128 (AVX2_SMALL_TRAIN_FROM; 0.91-1.02x at 64): AVX2_MEASURED["small masked"].
@@ -165,8 +174,9 @@ AVX2_MEASURED = {
                       "2.1-13x SDPA's forward+backward without a mask or with a causal one at n = 64-8192, D = 64, "
                       f"and 10.0-10.6x at n = 4096, D = 128 ({ZEN3})"),
     "fp16 forward": ("fp16 forward on a CPU without AVX-512: the compiled kernel, which computes fp16 as fp32, "
-                     "measured 1.2-3.0x SDPA's without a mask or with a causal one at n = 96-16384, D = 64, and "
-                     f"1.4-1.5x at n = 4096, D = 128 (0.67-0.82x at n = 64) ({ZEN3})"),
+                     "measured 1.1-3.0x SDPA's without a mask or with a causal one at n = 48-16384, D = 64, "
+                     "1.4-1.5x at n = 4096, D = 128 (0.60-0.65x at n = 32), and 1.5-3.0x with 1 or 16 queries "
+                     f"over 256-4096 keys ({ZEN3})"),
     "fp16 masked": ("measured 2.0-2.1x torch SDPA's fp16 forward (given the dense mask or bias) with key padding, "
                     "2.9-3.5x with ALiBi, 4.9-44x with a W = 256 window and 8.1-12x with 8 documents at "
                     f"n = 1024-16384, D = 64 ({ZEN3})"),
@@ -361,7 +371,7 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
         return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
                 f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
     if no_bf16_gemm():
-        return _plain_native_avx2(dtype, causal, req.needs_grad, LS)
+        return _plain_native_avx2(dtype, causal, req.needs_grad, req.shape.L, req.shape.S)
     if dtype == torch.float32 and causal and LS > SMALL_PROBLEM:
         return ("fp32 causal: the compiled kernel measured 1.04-1.24x SDPA's forward and 1.09-1.35x its "
                 f"forward+backward at n = 1024-8192 ({ZEN4}; docs/benchmarks.md, auto grid)")
@@ -374,10 +384,11 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     return None
 
 
-def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, LS: int) -> Optional[str]:
+def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: int, S: int) -> Optional[str]:
     """``_plain_native`` on a CPU without AVX-512 (bf16 and fp16 with gradients are decided before: the kernel)."""
     if dtype == torch.float16:
-        return AVX2_MEASURED["fp16 forward"] if LS >= AVX2_FP16_FROM else None
+        return AVX2_MEASURED["fp16 forward"] if fp16_forward_native(L, S) else None
+    LS = L * S
     if LS <= SMALL_PROBLEM:
         return None
     if dtype == torch.float32 and causal and (needs_grad or LS < AVX2_CAUSAL_FWD_BELOW):
@@ -408,7 +419,7 @@ def _class_note(req: AttentionRequest) -> str:
         # (fp16; a request the kernel wins, which reaches SDPA only where the kernel is not built) gets none.
         dtype, LS, grad = req.q.dtype, req.shape.L * req.shape.S, req.needs_grad
         if (dtype not in _NAMES or LS <= SMALL_PROBLEM or (dtype == torch.bfloat16 and grad)
-                or _plain_native_avx2(dtype, req.is_causal_only, grad, LS) is not None):
+                or _plain_native_avx2(dtype, req.is_causal_only, grad, req.shape.L, req.shape.S) is not None):
             return ""
         return "; " + AVX2_MEASURED["training to sdpa" if grad else "forward to sdpa"]
     if cpu_class() != "amx":
