@@ -374,8 +374,7 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     with the lse.
     """
     L, S = q.shape[2], k.shape[2]
-    spans, bits = mask_args(mask, L, S)
-    dq, dk = _tiles(mask, q.dtype, spans, L, S)
+    spans, bits, (dq, dk) = _planned_args(mask, q.dtype, L, S)
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
             int(tile_q or dq), int(tile_k or dk))
@@ -414,10 +413,14 @@ def _direct(*tensors: Optional[Tensor]) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled())
 
 
-def _tiles(mask: Optional[Mask], dtype: torch.dtype, spans: Optional[Tensor], L: int, S: int) -> tuple[int, int]:
-    """``default_tiles``, planned once per mask, (L, S) and dtype (``mask_plan.planned``): reading the spans'
-    mean width is five tensor ops, 25-40 us a call."""
-    return planned(mask, ("native tiles", L, S, dtype), lambda: default_tiles(dtype, spans))
+def _planned_args(mask: Optional[Mask], dtype: torch.dtype, L: int, S: int):
+    """(spans, bits, (tile_q, tile_k)): ``mask_args`` and ``default_tiles``, planned together once per mask, (L, S)
+    and dtype (``mask_plan.planned``; one look-up costs 5-7 us). Reading the spans' mean width for the tiles is
+    five tensor ops, 25-40 us a call."""
+    def build():
+        spans, bits = _mask_args(mask, L, S) if mask is not None else (None, None)
+        return spans, bits, default_tiles(dtype, spans)
+    return planned(mask, ("native+tiles", L, S, dtype), build)
 
 
 def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, *,
