@@ -68,7 +68,7 @@ at::Tensor readable(const at::Tensor& x) {
 // next call they fit while nothing else holds them. A fresh copy of megabytes per call pays its page faults
 // on every call once malloc returns the memory between calls, and dearly on a VM whose host takes freed
 // pages back (free-page reporting; measure/machine.py, reclaim_note): on the Zen 3, such a guest, fp16
-// decoding (L = 1, S = 16384 keys, H = 8) took 28.9-30.7 ms with fresh copies, 5.6 ms with kept ones, and
+// decoding (L = 1, S = 16384 keys, H = 8) took 28.1-30.7 ms with fresh copies, 5.6 ms with kept ones, and
 // 14.4 ms in torch's SDPA (docs/benchmarks.md, "Issue #27: small requests"). Operands above kKeptFloats (64 MiB)
 // get a fresh copy: a kept buffer that size would outlive the call for little gain against its own work.
 constexpr int64_t kKeptFloats = int64_t(16) << 20;

@@ -147,7 +147,7 @@ def fp16_forward_native(L: int, S: int) -> bool:
 
 # Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native.py,
 # _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too), fp32
-# training from n = 128 (AVX2_SMALL_TRAIN_FROM; at 64 a tie: 1.04-1.11x in one run, 0.91-1.02x in another):
+# training from n = 128 (AVX2_SMALL_TRAIN_FROM; at 64 a tie: 0.98-1.09x in one run, 0.91-1.02x in another):
 # AVX2_MEASURED["small masked"].
 AVX2_SMALL_TRAIN_FROM = 128 * 128
 # bf16 and fp16 with gradients without AVX-512: the kernel at every size (SDPA's backward runs on the fallback GEMM)
@@ -182,7 +182,7 @@ AVX2_MEASURED = {
                     "2.9-3.5x with ALiBi, 4.9-44x with a W = 256 window and 8.1-12x with 8 documents at "
                     f"n = 1024-16384, D = 64 ({ZEN3})"),
     "small masked": ("a structured mask or bias below 512^2 scores on a CPU without AVX-512: the compiled kernel "
-                     "measured 1.1-5.4x the sdpa backend's fp32 forward, 1.3-4.8x bf16 and 1.7-9.8x fp16 with key "
+                     "measured 1.2-5.4x the sdpa backend's fp32 forward, 1.3-4.8x bf16 and 1.7-9.0x fp16 with key "
                      "padding, a W = 64 window, 8 documents or ALiBi at n = 64-512 (B=1 H=8 D=64; 1.3-3.5x at B=8 "
                      "H=12), 1.2-1.8x decoding 1 or 16 queries over 64-4096 padded keys (fp32, bf16), and 1.2-5.9x "
                      f"the fp32 forward+backward from n = 128 ({ZEN3})"),
