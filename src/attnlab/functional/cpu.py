@@ -59,8 +59,10 @@ def _flag(name: str) -> bool:
     return False
 
 
+@torch.compiler.assume_constant_result
 def cpu_class() -> str:
-    """This machine's class, one of ``CPU_CLASSES``."""
+    """This machine's class, one of ``CPU_CLASSES``. A constant to torch.compile, which must not trace the CPUID
+    checks (torch.cpu's are on its skip list: a graph break, an error under fullgraph=True)."""
     f = cpu_features()
     for name in CPU_CLASSES[:-1]:
         if f[name if name != "amx" else "amx_bf16"]:
