@@ -6,7 +6,7 @@ import torch.autograd.forward_ad as forward_ad
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.functional import FunctionBias, StructuredBias, attention, masks
-from attnlab.functional.backends import native
+from attnlab.functional.backends import native, native_ops
 from attnlab.positional import ALiBi, ShawRelative
 
 pytestmark = pytest.mark.skipif(native.why_unavailable() is not None, reason="the kernel is not built")
@@ -42,9 +42,9 @@ def test_eager_inference_calls_the_kernel_directly(monkeypatch):
     with Ops() as mode:
         want = call(q, k, v)                                      # under a mode: through the op, which it sees
     assert "attnlab.native_fwd" in mode.names
-    monkeypatch.setattr(native, "_fwd", refuse)
-    monkeypatch.setattr(native._NativeAttention, "apply", refuse)
-    monkeypatch.setattr(native._NativeAttentionEager, "apply", refuse)
+    monkeypatch.setattr(native_ops, "_fwd", refuse)
+    monkeypatch.setattr(native_ops._NativeAttention, "apply", refuse)
+    monkeypatch.setattr(native_ops._NativeAttentionEager, "apply", refuse)
     with torch.no_grad():
         assert torch.equal(call(q, k, v), want)
     assert torch.equal(call(q, k, v), want)                       # grad enabled, but no input requires it
@@ -58,9 +58,9 @@ def test_eager_training_skips_the_op_and_gives_the_same_gradients(monkeypatch, d
         out = call(q, k, v)
         want = (out, *torch.autograd.grad(out, (q, k, v), dout))
     assert {"attnlab.native_fwd", "attnlab.native_bwd"} <= set(mode.names)
-    monkeypatch.setattr(native, "_fwd", refuse)
-    monkeypatch.setattr(native, "_bwd", refuse)
-    monkeypatch.setattr(native._NativeAttention, "apply", refuse)
+    monkeypatch.setattr(native_ops, "_fwd", refuse)
+    monkeypatch.setattr(native_ops, "_bwd", refuse)
+    monkeypatch.setattr(native_ops._NativeAttention, "apply", refuse)
     out = call(q, k, v)
     got = (out, *torch.autograd.grad(out, (q, k, v), dout))
     for a, b in zip(got, want):

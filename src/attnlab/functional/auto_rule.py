@@ -134,7 +134,7 @@ AVX2_TRAIN_FROM = 2048 * 2048
 # fp16 on a CPU without AVX-512: torch's fp16 GEMM is a scalar fallback too (1.3 GFLOP/s on the Zen 3), SDPA's
 # fp16 forward ran at half its fp32 speed there, and the compiled kernel computes fp16 as fp32 (csrc/bindings.cpp,
 # `computed`): the kernel for a plain request from n = 48 (AVX2_FP16_FROM; n = 96 until the kernel was called
-# directly, backends/native.py's _direct) and from 256 keys whatever the queries (AVX2_FP16_KEYS_FROM: SDPA's fp16
+# directly, backends/native_ops.py's _direct) and from 256 keys whatever the queries (AVX2_FP16_KEYS_FROM: SDPA's fp16
 # cost grows with the keys, 0.97 ms for 1 query over 1024), and with gradients at every size (AVX2_MEASURED below;
 # docs/benchmarks.md, "Issue #27: float16 in the compiled kernel" and "Issue #27: small requests").
 AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
@@ -145,7 +145,7 @@ def fp16_forward_native(L: int, S: int) -> bool:
     return L * S >= AVX2_FP16_FROM or S >= AVX2_FP16_KEYS_FROM
 
 
-# Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native.py,
+# Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native_ops.py,
 # _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too), fp32
 # training from n = 128 (AVX2_SMALL_TRAIN_FROM; at 64 a tie: 0.98-1.09x in one run, 0.91-1.02x in another):
 # AVX2_MEASURED["small masked"].
