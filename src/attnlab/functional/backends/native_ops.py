@@ -62,12 +62,12 @@ def _kernel_forward(q, k, v, spans, bits, bias_kind, bias, tW, tc0, scale, softc
     """The compiled forward itself: the custom op's body, and what ``run_forward`` calls when nothing needs the
     op (``_direct``)."""
     out, lse = kernel.forward(q, k, v, _contiguous(spans), _contiguous(bits), bias_kind, bias, tW, tc0, scale,
-                               softcap, dropout_p, seed, tile_q, tile_k)
+                              softcap, dropout_p, seed, tile_q, tile_k)
     return out, lse                 # a tuple (the binding returns a list, which autograd.Function would not track)
 
 
 def _computed(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the kernel computes and returns its output in: float32 for float16 (see _DTYPES), else dtype."""
+    """The dtype the kernel computes and returns its output in: float32 for float16 (native._DTYPES), else dtype."""
     return torch.float32 if dtype == torch.float16 else dtype
 
 
@@ -91,7 +91,7 @@ def _kernel_backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW
     """The compiled backward itself: the custom op's body, called directly where nothing needs the op."""
     lse, delta, spans, bits = _contiguous(lse), _contiguous(delta), _contiguous(spans), _contiguous(bits)
     dq, dk, dv, dbias = kernel.backward(q, k, v, dout, lse, delta, spans, bits, bias_kind, bias, tW, tc0, scale,
-                                         softcap, dropout_p, seed, tile_q, tile_k, want_dbias)
+                                        softcap, dropout_p, seed, tile_q, tile_k, want_dbias)
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=dq.dtype)
 
 
