@@ -2,13 +2,14 @@
 time. The sdpa backend, the compiled kernel and auto, medians of interleaved rounds, as ratios against the sdpa
 backend in the same run, with and without a key-padding mask (3/4 of the keys). B=1 H=8 D=64, inference.
 
-    python scripts/bench_decode.py --dtype float16 --q-len 1 4 16 64 --k-len 1024 2048 4096 8192 16384 \\
-        --json docs/bench-results-avx2-decode-fp16.json
+    python scripts/bench_decode.py --dtype float16 --q-len 1 4 16 64 --k-len 1024 4096 16384 --rounds 10 \\
+        --json docs/bench-results-avx2-decode-fp16-long.json
 
 Run it alone on an idle machine (docs/benchmarks.md, "Issue #27: small requests").
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -32,8 +33,8 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     rows = []
-    print(f"{'dtype':9} {'L':>3} {'S':>6} {'mask':8} " + " ".join(f"{b + ' ms':>10}" for b in BACKENDS)
-          + "  native x sdpa  auto x sdpa")
+    header = f"{'dtype':9} {'L':>3} {'S':>6} {'mask':8} " + " ".join(f"{b + ' ms':>10}" for b in BACKENDS)
+    print(header + "  native x sdpa  auto x sdpa")  # noqa: T201
     for dtype in args.dtype:
         for L in args.q_len:
             for S in args.k_len:
@@ -46,13 +47,14 @@ def main() -> None:
                     ms = [1e3 * statistics.median(t) for t in time_interleaved(fns, args.rounds)]
                     row = dict(dtype=dtype, L=L, S=S, mask=kind, **{f"{b}_ms": m for b, m in zip(BACKENDS, ms)})
                     rows.append(row)
-                    print(f"{dtype:9} {L:3d} {S:6d} {kind:8} " + " ".join(f"{m:10.3f}" for m in ms)
-                          + f"  {ms[0] / ms[1]:13.2f}  {ms[0] / ms[2]:11.2f}", flush=True)
+                    line = f"{dtype:9} {L:3d} {S:6d} {kind:8} " + " ".join(f"{m:10.3f}" for m in ms)
+                    print(line + f"  {ms[0] / ms[1]:13.2f}  {ms[0] / ms[2]:11.2f}", flush=True)  # noqa: T201
     meta = machine_info()
     meta["command"] = "python scripts/bench_decode.py " + " ".join(sys.argv[1:])
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(f"{meta['cpu_model']} [{meta['cpu_class']}], {meta['torch_threads']} threads; wrote {args.json}")
+    print(f"{meta['cpu_model']} [{meta['cpu_class']}], {meta['torch_threads']} threads; wrote {args.json}")  # noqa: T201
 
 
 if __name__ == "__main__":
