@@ -193,6 +193,18 @@ def test_a_tune_on_a_busy_machine_is_not_saved(monkeypatch, capsys):
     assert not profile_path().exists()
 
 
+@needs_native
+@pytest.mark.parametrize("mib, noted", [(2048.0, True), (None, True), (8.0, False)])
+def test_a_tune_notes_the_memory_the_host_took_back_as_the_bench_does(monkeypatch, capsys, mib, noted):
+    from attnlab.measure import machine
+    load = {"other_cpu_fraction": 0.0, "free_page_reporting": True, "host_reclaimed_mib": mib}
+    monkeypatch.setattr(machine.LoadMonitor, "stop", lambda self: dict(load))
+    assert main(["tune", "--quick", "--n", "64", "--dtype", "float32", "--repeats", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("NOTE: this VM reports the memory it frees to its host" in err) == noted, err
+    assert profile_path().exists()
+
+
 @pytest.mark.parametrize("argv, flag", [(["--n", "0"], "--n"), (["--repeats", "0"], "--repeats")])
 def test_bad_values_are_refused_by_the_parser(argv, flag, capsys):
     with pytest.raises(SystemExit) as stop:

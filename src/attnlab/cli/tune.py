@@ -114,7 +114,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         return 0
     from tqdm import tqdm
 
-    from ..measure.machine import BUSY_WARN, LoadMonitor, machine_info
+    from ..measure.machine import BUSY_WARN, LoadMonitor, machine_info, reclaim_note
     from ..bench.tune import run_tune
     before = LoadMonitor()
     time.sleep(1.0)                                  # a second of the machine's load before any timing
@@ -134,6 +134,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
         return fail_run(f"other processes used {busy:.0%} of the CPUs during the tune (more than {BUSY_LIMIT:.0%}): "
                         "its timings are not this machine's; the profile was not saved. Rerun on an idle machine "
                         "(or pass --keep-busy to save it anyway)")
+    for line in reclaim_note({"load": load}):        # the host's reclaim can split two runs of one kernel, as in bench
+        print(f"attnlab: {line}", file=sys.stderr)
     meta = machine_info(getattr(args, "argv", None))
     path = save_profile(plain, masked, extra={"load": load, "command": meta["command"], "machine": meta})
     print(f"saved {path}; auto reads it from now on (`attnlab tune --show`, `--forget`)")
