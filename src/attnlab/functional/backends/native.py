@@ -222,8 +222,7 @@ def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Te
     dk, dv summed over each GQA group (B, Hkv, S, D|Dv), in the accumulation dtype.
     """
     L, S = q.shape[2], k.shape[2]
-    spans, bits = mask_args(mask, L, S)
-    bq, bk = default_tiles(q.dtype, spans)
+    spans, bits, (bq, bk) = _planned_args(mask, q.dtype, L, S)
     acc = accum_dtype(q.dtype)
     dq, dk, dv, _ = backward_op(q, k, v, dout, lse.to(acc), delta.to(acc), spans, bits, 0, None, 0, 0, float(scale),
                                 0.0, 0.0, 0, bq, bk, False)
