@@ -12,7 +12,7 @@ Example::
 """
 from __future__ import annotations
 
-import math
+import operator
 from typing import Optional
 
 import torch
@@ -29,7 +29,7 @@ from .mask_base import Mask
 from .masks import EMPTY, DenseMask
 from .masks import parts as mask_parts
 from .patterns import BlockLayoutMask
-from .profile import TIE, current_profile
+from .profile import TIE, current_plain_steps, current_profile, step_choice
 from .registry import Backend, all_backends
 from .request import AttentionRequest
 
@@ -194,6 +194,23 @@ AMX_BF16_MIN_SKIPPABLE = 0.03
 TILES_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
+# Inside a torch.compile graph auto reads no tensor: where a rule weighs the share of empty tiles (``skippable``),
+# it takes the side most masks are on (SDPA for a dense mask or off the AMX tiles, the kernel on them) and the
+# profile's masked rows are not read. The graph serves every later call's mask, whatever its contents.
+IN_GRAPH = "inside a torch.compile graph, which may not branch on the mask's contents"
+# The reasons are written here, not in the rule: inside a graph with dynamic shapes torch.compile cannot format
+# a module's float (f"{MIN_SKIPPABLE:.0%}" fails there).
+IN_GRAPH_WHY = {
+    "dense": (f"a dense mask {IN_GRAPH}: SDPA's fused kernel applies it faster than tiling can skip unless "
+              f"{MIN_SKIPPABLE:.0%} of the tiles are empty"),
+    "bf16 tiles": (f"bf16 inference with a mask {IN_GRAPH}: the compiled kernel wins only from "
+                   f"{TILES_BF16_MIN_SKIPPABLE:.0%} of the tiles empty ({AMX_MEASURED['bf16 tiles']})"),
+}
+BF16_MASKED_WHY = {                                 # by amx_kernel, after "... leaves x% of the tiles empty "
+    True: f"(the compiled kernel wins from {AMX_BF16_MIN_SKIPPABLE:.0%}): {AMX_MEASURED['bf16 masked']}",
+    False: (f"(the compiled kernel wins from {TILES_BF16_MIN_SKIPPABLE:.0%}): {AMX_MEASURED['bf16 tiles']}; with "
+            f"padding they measured 0.42-0.78x the sdpa backend's speed, with a W = 256 window 1.65-5.9x"),
+}
 # From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
 # in the sparse backend, which batches all its blocks, than in tiled, which walks them one span at a
 # time. Measured on the AMD Zen 4 (1 thread) by a script that is not in the repository, so no figure
@@ -209,14 +226,18 @@ def candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
             for b in all_backends()]
 
 
-def skippable(req: AttentionRequest) -> float:
-    """Fraction of the tiled kernel's tiles (``tiled_plan.skip_grid``) the mask leaves empty (0 without a mask).
+def skippable(req: AttentionRequest) -> Optional[float]:
+    """Fraction of the tiled kernel's tiles (``tiled_plan.skip_grid``) the mask leaves empty (0 without a mask);
+    None inside a torch.compile graph, which may not branch on the mask's contents (its padding lengths, its
+    document ids, a dense mask's bits: the graph also serves the next call's mask): see ``IN_GRAPH``.
 
     Planned once per mask and (L, S, grid) (``mask_plan.planned``): classifying the tiles cost 0.15-0.36 ms
     per call at n = 1024, more than a tenth of the masked call it decides (issue #29)."""
     mask = req.mask
     if mask is None:
         return 0.0
+    if torch.compiler.is_compiling():
+        return None
     key = (req.shape.L, req.shape.S, *skip_grid(req.q.dtype, mask))
     return planned(mask, ("skippable", *key), lambda: float((mask.tile_kinds(*key) == EMPTY).float().mean()))
 
@@ -254,6 +275,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
         skip = skippable(req)
+        if skip is None:
+            return "sdpa", IN_GRAPH_WHY["dense"]
         if skip < MIN_SKIPPABLE:
             return "sdpa", (f"a dense mask with only {skip:.0%} empty tiles: SDPA's fused kernel applies it "
                             f"faster than tiling can skip")
@@ -266,17 +289,16 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     tuned = _tuned(req, plain=False) if masked_only else None
     if tuned is not None:
         return tuned
-    amx_kernel = amx_bf16 and on_amx(req.shape.D, req.shape.Dv)
+    amx_kernel = amx_bf16 and _on_amx(req)
     if (sdpa_ok and amx_bf16 and "native" in runnable and not isinstance(req.bias, StructuredBias)
             and not (amx_kernel and req.needs_grad)):
         skip = skippable(req)
         least = AMX_BF16_MIN_SKIPPABLE if amx_kernel else TILES_BF16_MIN_SKIPPABLE
-        if skip < least:
-            return "sdpa", (f"bf16 inference with a mask that leaves {skip:.0%} of the tiles empty (the compiled "
-                            f"kernel wins from {least:.0%}): "
-                            + (AMX_MEASURED["bf16 masked"] if amx_kernel else
-                               f"{AMX_MEASURED['bf16 tiles']}; with padding they measured 0.42-0.78x the sdpa "
-                               f"backend's speed, with a W = 256 window 1.65-5.9x"))
+        if skip is None and not amx_kernel:
+            return "sdpa", IN_GRAPH_WHY["bf16 tiles"]
+        if skip is not None and skip < least:       # in a graph, AMX tiles take it: they win from 3% empty
+            return "sdpa", (f"bf16 inference with a mask that leaves {skip:.0%} of the tiles empty "
+                            + BF16_MASKED_WHY[amx_kernel])
     exact_kernel = "native" if "native" in runnable else "tiled"    # the compiled one where it is built
     if exact_kernel in runnable and plain:             # no mask or bias, yet not SDPA's flash kernel
         why = ("dropout" if req.dropout_p > 0.0 else "Dv != D" if req.v.shape[-1] != req.q.shape[-1] else
@@ -329,13 +351,26 @@ def _tuned(req: AttentionRequest, plain: bool) -> Optional[tuple[str, str]]:
     if prof is None or dtype is None or LS <= SMALL_PROBLEM or _path(D, Dv) != _path(prof.D, prof.D):
         return None
     if plain:
-        return prof.plain_choice(dtype, req.is_causal_only, req.needs_grad, math.sqrt(LS))
-    return prof.masked_choice(dtype, req.needs_grad, skippable(req))
+        return step_choice(current_plain_steps(dtype, req.is_causal_only, req.needs_grad), LS)
+    skip = skippable(req)
+    return None if skip is None else prof.masked_choice(dtype, req.needs_grad, skip)
 
 
 def _path(D: int, Dv: int) -> tuple[bool, bool]:
     """Which of the compiled kernel's paths head dims D, Dv take: (AVX-512 tiles, AMX tiles)."""
+    D, Dv = operator.index(D), operator.index(Dv)
     return on_tiles(D, Dv), on_amx(D, Dv)
+
+
+# operator.index: inside a torch.compile graph with dynamic shapes the head dims are symbolic, and the kernel's
+# answer is a constant there (backends/native.py), asked with the head dims this graph is traced for: index()
+# makes them Python ints, and torch.compile guards on them (int() would keep them symbolic).
+def _on_amx(req: AttentionRequest) -> bool:
+    return on_amx(operator.index(req.shape.D), operator.index(req.shape.Dv))
+
+
+def _on_tiles(req: AttentionRequest) -> bool:
+    return on_tiles(operator.index(req.shape.D), operator.index(req.shape.Dv))
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -360,12 +395,12 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     amx = cpu_class() == "amx"
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
-        if not on_amx(req.shape.D, req.shape.Dv) or LS <= SMALL_PROBLEM:
+        if not _on_amx(req) or LS <= SMALL_PROBLEM:
             return None
         if req.needs_grad:
             return AMX_MEASURED["bf16"]
         return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else AMX_PLAIN_FROM) else None
-    tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and on_tiles(req.shape.D, req.shape.Dv)
+    tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and _on_tiles(req)
     if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
         return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
     if tiles:
@@ -426,8 +461,8 @@ def _class_note(req: AttentionRequest) -> str:
     if cpu_class() != "amx":
         return ""
     if req.q.dtype == torch.bfloat16:
-        return f"; {AMX_MEASURED['bf16 forward to sdpa' if on_amx(req.shape.D, req.shape.Dv) else 'bf16 tiles']}"
+        return f"; {AMX_MEASURED['bf16 forward to sdpa' if _on_amx(req) else 'bf16 tiles']}"
     big = req.shape.L * req.shape.S > SMALL_PROBLEM
-    if req.q.dtype == torch.float32 and big and on_tiles(req.shape.D, req.shape.Dv):
+    if req.q.dtype == torch.float32 and big and _on_tiles(req):
         return f"; {AMX_MEASURED['fp32 forward']}"
     return ""

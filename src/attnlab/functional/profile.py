@@ -42,8 +42,8 @@ import torch
 
 from .cpu import cpu_features, cpu_model
 
-__all__ = ["Profile", "machine_key", "profile_dir", "profile_path", "current_profile", "save_profile",
-           "PROFILE_VERSION", "TIE", "tied"]
+__all__ = ["Profile", "machine_key", "profile_dir", "profile_path", "current_profile", "current_plain_steps",
+           "step_choice", "save_profile", "PROFILE_VERSION", "TIE", "tied"]
 
 PROFILE_VERSION = 1
 log = logging.getLogger(__name__)
@@ -116,6 +116,9 @@ class Profile:
     plain: tuple[dict, ...]
     masked: tuple[dict, ...]
     D: int                                   # the head dim measured: applies where the kernel's path is D's
+    # source()'s text, written once: auto reads the profile inside torch.compile graphs (_traced_profile),
+    # which cannot format a Path
+    named: str = ""
 
     @classmethod
     def from_json(cls, data: dict, path: Path) -> "Profile":
@@ -128,27 +131,35 @@ class Profile:
         heads = {r["D"] for r in rows}
         if len(heads) != 1:
             raise ValueError(f"rows of head dims {sorted(heads)}; a profile measures one")
+        named = f"this machine's profile ({path}, measured {data['measured_at'][:16]} by `attnlab tune`)"
         return cls(path, data["key"], data["measured_at"], tuple(data["plain"]), tuple(data["masked"]),
-                   heads.pop())
+                   heads.pop(), named)
 
     def source(self) -> str:
         """How ``explain()`` names this profile."""
-        return f"this machine's profile ({self.path}, measured {self.measured_at[:16]} by `attnlab tune`)"
+        return self.named
 
     def plain_choice(self, dtype: str, causal: bool, grad: bool, n: float) -> Optional[tuple[str, str]]:
         """('native' | 'sdpa', why) for a plain request at ``n = sqrt(L * S)``, from the measured row of the
         same dtype, mask and mode nearest to n on a log scale; None where none was measured, or where that
         row is a tie (the two within TIE of each other)."""
+        return step_choice(self.plain_steps(dtype, causal, grad), n * n)
+
+    def plain_steps(self, dtype: str, causal: bool, grad: bool) -> Steps:
+        """The plain rows of one kind as steps over L * S, smallest n first: (the largest L * S nearer this
+        row's n than the next one's on a log scale, None for the last; 'native' | 'sdpa', None for a tie; why).
+        Constants, so that a torch.compile graph can walk them (``step_choice``) on symbolic sizes."""
         mask, mode = ("causal" if causal else "none"), ("fwdbwd" if grad else "fwd")
-        rows = [r for r in self.plain if r["dtype"] == dtype and r["mask"] == mask and r["mode"] == mode]
-        if not rows:
-            return None
-        r = min(rows, key=lambda r: abs(math.log(r["n"] / n)))
-        if tied(r["ms"]):
-            return None                               # the class's built-in rule decides
-        win = min(("native", "sdpa"), key=lambda b: r["ms"][b])
-        return win, (f"{dtype} {mask} {mode} at n = {r['n']}, D = {self.D}: native {r['ms']['native']:.3g} ms, "
-                     f"sdpa {r['ms']['sdpa']:.3g} ms on {self.source()}")
+        rows = sorted((r for r in self.plain if r["dtype"] == dtype and r["mask"] == mask and r["mode"] == mode),
+                      key=lambda r: r["n"])
+        steps = []
+        for r, above in zip(rows, rows[1:] + [None]):
+            bound = None if above is None else r["n"] * above["n"]     # sqrt(L * S) at their geometric mean
+            win = None if tied(r["ms"]) else min(("native", "sdpa"), key=lambda b: r["ms"][b])
+            why = (f"{dtype} {mask} {mode} at n = {r['n']}, D = {self.D}: native {r['ms']['native']:.3g} ms, "
+                   f"sdpa {r['ms']['sdpa']:.3g} ms on {self.named}")
+            steps.append((bound, win, why))
+        return tuple(steps)
 
     def masked_choice(self, dtype: str, grad: bool, skippable: float) -> Optional[tuple[str, str]]:
         """('native' | 'sdpa', why) for a masked request whose mask leaves ``skippable`` of the tiles empty:
@@ -171,6 +182,26 @@ class Profile:
             return "sdpa", (f"a mask leaving {skippable:.0%} of the tiles empty; the compiled kernel {least}"
                             f"{at:.0%} empty ({where})")
         return None
+
+
+Steps = tuple[tuple[Optional[int], Optional[str], str], ...]
+
+
+def step_choice(steps: Steps, scores) -> Optional[tuple[str, str]]:
+    """(winner, why) of the first step whose bound holds ``scores`` (L * S; symbolic in a torch.compile graph,
+    where each comparison becomes a guard); None without steps or where that step is a tie."""
+    for bound, win, why in steps:
+        if bound is None or scores <= bound:
+            return None if win is None else (win, why)
+    return None
+
+
+@torch.compiler.assume_constant_result
+def current_plain_steps(dtype: str, causal: bool, grad: bool) -> Steps:
+    """``current_profile().plain_steps(...)``, () without a profile: a constant to torch.compile, which cannot
+    call the profile's methods inside a graph."""
+    prof = _read_profile()
+    return () if prof is None else prof.plain_steps(dtype, causal, grad)
 
 
 _loaded: dict[object, Optional[Profile]] = {}
@@ -200,7 +231,12 @@ def _decoded(raw) -> str:
 def current_profile() -> Optional[Profile]:
     """This machine's profile, read once per process and key (None if absent, off, or unreadable: a warning
     says why). Asked on every auto decision: what can change in a process (the thread count, the cache
-    directory's variables) is the look-up key, so the file is hashed and read only the first time."""
+    directory's variables) is the look-up key, so the file is hashed and read only the first time. Inside a
+    torch.compile graph it is a constant, read when the graph is traced (``_traced_profile``)."""
+    return _traced_profile() if torch.compiler.is_compiling() else _read_profile()
+
+
+def _read_profile() -> Optional[Profile]:
     off = _env("ATTNLAB_PROFILE")
     if off is not None and _decoded(off).lower() in ("off", "0", "no"):
         return None
@@ -220,6 +256,15 @@ def current_profile() -> Optional[Profile]:
             log.warning("attnlab: ignoring the speed profile %s (%s); `attnlab tune` writes a new one", path, e)
     _loaded[where] = prof
     return prof
+
+
+@torch.compiler.assume_constant_result
+def _traced_profile() -> Optional[Profile]:
+    """``current_profile()`` run, not traced, by torch.compile: the thread count and the file are not graph ops
+    (torch.get_num_threads returns no tensor: an error under fullgraph=True). A graph keeps the profile it was
+    traced with, as it keeps auto's choice; ``torch._dynamo.reset()`` traces again. (Not ``current_profile``:
+    is_compiling() is still true while torch.compile runs it.)"""
+    return _read_profile()
 
 
 def save_profile(plain: list[dict], masked: list[dict], extra: Optional[dict] = None) -> Path:

@@ -62,9 +62,11 @@ def info() -> str:
             "float16: computed as float32")
 
 
+@torch.compiler.assume_constant_result
 def on_amx(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
     """Does a bfloat16 call with head dims D, Dv (and key chunk ``tile_k``, default: the AMX tiles') run its
-    products on AMX tiles (csrc/amx.cpp)? The kernel's own test (``uses_amx``), asked, not restated.
+    products on AMX tiles (csrc/amx.cpp)? The kernel's own test (``uses_amx``), asked, not restated. A constant
+    to torch.compile, which cannot trace into the extension (pass Python ints, not a graph's symbolic sizes).
 
     >>> on_amx(64, 64), on_amx(40, 64)      # on an Intel Xeon with AMX
     (True, False)
@@ -72,9 +74,11 @@ def on_amx(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
     return _native is not None and _native.uses_amx(D, Dv, tile_k if tile_k is not None else AMX_TILES[1])
 
 
+@torch.compiler.assume_constant_result
 def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
     """Does a float32 or bfloat16 call with head dims D, Dv (and key chunk ``tile_k``, default: the
-    default tiles') run on the AVX-512 micro-kernel (csrc/microkernel.cpp) rather than MKL's GEMMs?
+    default tiles') run on the AVX-512 micro-kernel (csrc/microkernel.cpp) rather than MKL's GEMMs? A constant
+    to torch.compile, as ``on_amx``.
 
     It needs a build on a CPU with AVX512-BF16 and D, Dv and the key chunk multiples of 16: the
     kernel's own test (``uses_tiles``), asked, not restated. bfloat16 gains most: MKL's bf16 GEMM is

@@ -20,7 +20,6 @@ CPU tensors (slowly: for tests).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import os
@@ -74,11 +73,18 @@ def _interpreted() -> bool:
     return (mod.INTERPRETED if mod is not None else True) and _interpret_env()
 
 
-@functools.cache
+_TRITON_INSTALLED: list[bool] = []        # the answer, once found
+
+
+@torch.compiler.assume_constant_result
 def _triton_installed() -> bool:
     # Asked on every auto dispatch: the import system's search can cost more than a small
     # attention call; packages do not appear in a running process, so the answer is kept.
-    return importlib.util.find_spec("triton") is not None
+    # A constant to torch.compile, which would otherwise trace the import system's search
+    # (not functools.cache: torch.compile warns that it traces past the cache).
+    if not _TRITON_INSTALLED:
+        _TRITON_INSTALLED.append(importlib.util.find_spec("triton") is not None)
+    return _TRITON_INSTALLED[0]
 
 
 def triton_unavailable(device: Optional[torch.device] = None) -> Optional[str]:
