@@ -8,16 +8,13 @@ backend in the same run, with and without a key-padding mask (3/4 of the keys). 
 Run it alone on an idle machine (docs/benchmarks.md, "Issue #27: small requests").
 """
 import argparse
-import json
-import os
 import statistics
-import sys
 
 import torch
 
 from attnlab.bench.cases import DTYPES
 from attnlab.functional import attention, masks
-from attnlab.measure.machine import machine_info
+from attnlab.measure.machine import write_script_result
 from attnlab.measure.timing import time_interleaved
 
 BACKENDS = ("sdpa", "native", "auto")
@@ -49,12 +46,7 @@ def main() -> None:
                     rows.append(row)
                     line = f"{dtype:9} {L:3d} {S:6d} {kind:8} " + " ".join(f"{m:10.3f}" for m in ms)
                     print(line + f"  {ms[0] / ms[1]:13.2f}  {ms[0] / ms[2]:11.2f}", flush=True)  # noqa: T201
-    meta = machine_info()
-    meta["command"] = "python scripts/bench_decode.py " + " ".join(sys.argv[1:])
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(f"{meta['cpu_model']} [{meta['cpu_class']}], {meta['torch_threads']} threads; wrote {args.json}")  # noqa: T201
+    write_script_result(args.json, rows)
 
 
 if __name__ == "__main__":

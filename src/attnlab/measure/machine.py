@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import glob
+import json
 import os
 import platform
 import subprocess
@@ -20,8 +21,8 @@ import torch
 
 from ..functional.cpu import cpu_class, cpu_features, cpu_model
 
-__all__ = ["machine_info", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor", "BUSY_WARN",
-           "busy_warning", "free_page_reporting", "reported_free_kib", "reclaim_note", "run_warnings"]
+__all__ = ["machine_info", "write_script_result", "cpu_model", "cpu_label", "inductor_cache_warm", "LoadMonitor",
+           "BUSY_WARN", "busy_warning", "free_page_reporting", "reported_free_kib", "reclaim_note", "run_warnings"]
 
 
 def cpu_label(meta: dict) -> str:
@@ -79,6 +80,18 @@ def machine_info(argv: Optional[list[str]] = None) -> dict:
         "inductor_cache_warm_at_start": inductor_cache_warm(),
         "attnlab_source": code_version(),     # kernels change often: which code these numbers are for
     }
+
+
+def write_script_result(path: str, rows: list[dict]) -> dict:
+    """Write a script's rows with this machine's metadata (its command: ``python <script> <args>``) as JSON at
+    ``path`` (creating its folder), print where, and return the metadata (scripts/bench_*.py)."""
+    meta = machine_info()
+    meta["command"] = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"{cpu_label(meta)}, {meta['torch_threads']} threads; wrote {path}")  # noqa: T201
+    return meta
 
 
 def _busy_jiffies() -> Optional[int]:
