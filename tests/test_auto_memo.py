@@ -13,7 +13,10 @@ from attnlab.functional.backends.native import why_unavailable
 from attnlab.functional.profile import save_profile
 from attnlab.functional.registry import get_backend, register_backend
 from attnlab.functional.request import make_request
+from attnlab.functional.bias import FunctionBias
 from attnlab.positional import ALiBi
+from attnlab.positional.alibi import AlibiBias
+from attnlab.positional.t5 import T5Bias
 
 needs_native = pytest.mark.skipif(why_unavailable() is not None, reason="the compiled kernel is not built")
 
@@ -129,10 +132,11 @@ def test_registering_a_backend_means_a_new_decision(monkeypatch):
     assert ask.calls == 2
 
 
-def test_structured_biases_caching_off_and_forget_decide_afresh():
+def test_function_biases_caching_off_and_forget_decide_afresh():
     ask = Counting()
     q, k, v = _qkv(1024)
-    req = make_request(q, k, v, bias=ALiBi(4).bias())
+    slopes = ALiBi(4).slopes
+    req = make_request(q, k, v, bias=FunctionBias(lambda i, j, s: -s[:, None, None] * (i - j).abs(), slopes))
     assert signature(req) is None
     decided(req, ask), decided(req, ask)
     assert ask.calls == 2
@@ -144,6 +148,26 @@ def test_structured_biases_caching_off_and_forget_decide_afresh():
     auto_memo.forget()
     decided(plain, ask)
     assert ask.calls == 6
+
+
+def test_a_bias_that_names_what_it_reads_is_decided_once_per_kind():
+    """ALiBi and T5 name what their tiles read (``kept_key``): a new bias object over the same kind of params
+    (a model builds one per layer and call) reads the kept decision; another dtype or a param that requires
+    grad, or T5's other settings, is another kind."""
+    ask = Counting()
+    q, k, v = _qkv(1024)
+    alibi = ALiBi(4)
+    for _ in range(3):
+        decided(make_request(q, k, v, bias=alibi.bias()), ask)
+    assert ask.calls == 1
+    decided(make_request(q, k, v, bias=ALiBi(4).bias()), ask)              # other slopes of the same kind
+    assert ask.calls == 1
+    kinds = [AlibiBias(alibi.slopes.double()), AlibiBias(alibi.slopes.clone().requires_grad_()),
+             T5Bias(4).bias(), T5Bias(4, max_distance=64).bias()]
+    for b in kinds:
+        decided(make_request(q, k, v, bias=b), ask)
+    assert ask.calls == 1 + len(kinds)
+    assert len({signature(make_request(q, k, v, bias=b)) for b in kinds}) == len(kinds)
 
 
 def test_at_most_max_decisions_are_kept_without_a_mask(monkeypatch):

@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 
 from .. import masks
-from ..functional.bias import FunctionBias
-from ..positional.alibi import alibi_slopes
+from ..positional.alibi import AlibiBias, alibi_slopes
 
 __all__ = ["MASK_KINDS", "MODES", "DTYPES", "Case", "make_inputs", "padding_lengths", "document_ids",
            "attnlab_mask", "dense_mask", "sdpa_kwargs", "flex_mods", "allowed_pairs",
@@ -36,7 +35,8 @@ MASK_KINDS = {
     "documents": "packed documents: n split into --docs equal-length documents (masks.documents(ids)); "
                  "attention stays within a document, not causal",
     "alibi": "ALiBi bias -slope_h * |i - j| (positional.alibi_slopes: 2^(-8h/H) when H is a power of 2) and causal, "
-             "as a relative FunctionBias (computed per tile by tiled, read from an O(n) table by native)",
+             "as the library's AlibiBias (computed per tile by tiled, read from an O(n) table by native, kept "
+             "across calls)",
 }
 MODES = {"fwd": "forward only, under torch.no_grad()",
          "fwdbwd": "forward + out.backward(grad), q, k, v require grad"}
@@ -93,10 +93,6 @@ def document_ids(case: Case) -> Tensor:
     return torch.arange(case.n) * case.docs // case.n
 
 
-def _alibi_tile(i: Tensor, j: Tensor, s: Tensor) -> Tensor:
-    return -s.view(-1, 1, 1) * (i - j).abs()                 # (H, lr, lc)
-
-
 def attnlab_mask(case: Case):
     """(mask, bias) to pass to ``attnlab.attention`` for this case (structured, never dense)."""
     kind = case.mask
@@ -111,9 +107,9 @@ def attnlab_mask(case: Case):
     if kind == "documents":
         return masks.documents(document_ids(case)), None
     if kind == "alibi":
-        bias = FunctionBias(_alibi_tile, alibi_slopes(case.heads).float())   # the library's slopes, any H
-        bias.relative = True          # a function of (h, j - i) only: native reads it as a per-offset table
-        return masks.causal(), bias
+        # the library's own bias, as ALiBi(H).bias() gives it in a model: its per-offset table is kept across
+        # the timed calls, as across a model's layers and steps (functional/bias.py, ``kept``)
+        return masks.causal(), AlibiBias(alibi_slopes(case.heads).float())
     raise ValueError(f"unknown mask kind {kind!r}; choose from {list(MASK_KINDS)}")
 
 

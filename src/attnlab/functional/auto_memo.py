@@ -7,15 +7,17 @@ under the request's ``signature``, everything ``auto_rule.pick`` and the backend
 
 * dtype and sizes (B, H, Hkv, L, S, D, Dv); whether every input's last dim is contiguous (SDPA's kernel);
   whether gradients are wanted; dropout on or off; ``return_weights``; score capping on or off; a tensor
-  bias's dtype;
+  bias's dtype; a structured bias's class, its ``kept_key`` (what its tiles read besides positions and
+  params), whether it is ``relative`` and its params' dtypes, devices, shapes and whether they require
+  grad: what the backends read of it (its values' dtype, whether it has a table) follows from these;
 * this machine's CPU class, this thread's speed profile (``attnlab tune``; it changes with the thread count
   and the cache directory) and the backend registry's generation (a backend registered later counts);
 * the mask, by keeping the decision with the mask (``mask_plan.planned``): an in-place edit of a dense
   mask, a mask that died and whose id was reused, or an inference tensor mean "decide again".
 
 Not kept, decided afresh on every call: requests off the CPU (CUDA's triton rule reads the device),
-structured biases (their dtype and tables are read from their values) and anything inside a
-``torch.compile`` graph. ``mask_plan.caching(False)`` turns this off with the plans, and ``forget()``
+structured biases without a ``kept_key`` (a FunctionBias: its function may read anything) and anything inside
+a ``torch.compile`` graph. ``mask_plan.caching(False)`` turns this off with the plans, and ``forget()``
 drops every decision (tests that swap the rules).
 
 Example::
@@ -48,12 +50,19 @@ def signature(req: AttentionRequest) -> Optional[tuple]:
     """Everything ``auto`` reads from ``req`` besides its mask, as a hashable key; None where the
     decision must be taken afresh (module docstring)."""
     q, k, v, bias = req.q, req.k, req.v, req.bias
-    if q.device.type != "cpu" or isinstance(bias, StructuredBias) or torch.compiler.is_compiling():
+    if q.device.type != "cpu" or torch.compiler.is_compiling():
         return None
+    if isinstance(bias, StructuredBias):
+        config = bias.kept_key()
+        if config is None:                                          # its tile may read anything
+            return None
+        bias_kind = (type(bias), config, bias.relative, tuple((p.dtype, p.device, tuple(p.shape), p.requires_grad)
+                                                              for p in bias.params))
+    else:
+        bias_kind = None if bias is None else bias.dtype            # a tensor: SDPA wants q's dtype
     B, H, L, D = q.shape
     _, Hkv, S, Dv = v.shape
     contiguous = q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
-    bias_kind = None if bias is None else bias.dtype                # a tensor: SDPA wants q's dtype
     return (_generation, registry_generation(), cpu_class(), q.dtype, B, H, Hkv, L, S, D, Dv, contiguous,
             req.needs_grad, req.dropout_p > 0.0, req.return_weights, req.softcap is None, bias_kind)
 

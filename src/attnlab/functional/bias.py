@@ -12,14 +12,21 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+import weakref
 import warnings
-
-from typing import Callable
+from collections import OrderedDict
+from typing import Callable, Optional, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["StructuredBias", "FunctionBias", "relative_table"]
+from .mask_plan import caching_on
+
+__all__ = ["StructuredBias", "FunctionBias", "relative_table", "kept", "MAX_KEPT"]
+
+T = TypeVar("T")
 
 
 class StructuredBias:
@@ -34,6 +41,13 @@ class StructuredBias:
     #: True when the bias depends on (batch, head, j - i) only (ALiBi, T5 buckets): then a per-offset
     #: table of L + S - 1 values is exact, and kernels read it instead of calling ``tile``.
     relative: bool = False
+
+    def kept_key(self) -> Optional[tuple]:
+        """Everything ``tile`` reads besides its positions and ``params`` (hashable), for a class that knows it:
+        then its table, its check and its values' dtype are kept across calls while the params are the same
+        tensors, unchanged (``kept``), and ``auto`` decides once per kind of such a bias (``auto_memo``). None
+        (the default, and FunctionBias's: its function may read anything): built and decided per call."""
+        return None
 
     def tile(self, i: Tensor, j: Tensor, *params: Tensor) -> Tensor:
         raise NotImplementedError
@@ -76,7 +90,7 @@ class StructuredBias:
         """
         if not self.relative:
             return None
-        return relative_table(self, L, S)[:, :, None, :], L - 1
+        return kept(self, ("table", L, S), lambda: relative_table(self, L, S))[:, :, None, :], L - 1
 
     def has_table(self, L: int, S: int) -> bool:
         """Whether ``table(L, S)`` gives a table, read without building one where the class knows (a relative
@@ -93,11 +107,19 @@ class StructuredBias:
         """
         return None
 
+    def values_dtype(self, L: int, S: int) -> torch.dtype:
+        """The dtype of the bias's values, read from a one-pair tile (kept as the table is: ``kept``)."""
+        return kept(self, ("dtype", L, S), lambda: self.tile_values(0, min(L, 1), 0, min(S, 1), L, S).dtype)
+
     def check(self, B: int, H: int, L: int, S: int) -> None:
+        kept(self, ("checked", B, H, L, S), lambda: self._check(B, H, L, S))
+
+    def _check(self, B: int, H: int, L: int, S: int) -> bool:
         probe = self.tile_values(0, min(L, 1), 0, min(S, 1), L, S)
         if probe.dim() != 4 or probe.shape[0] not in (1, B) or probe.shape[1] not in (1, H):
             raise ValueError(f"{type(self).__name__} gives tiles of shape {tuple(probe.shape)}, which do not "
                              f"broadcast to (B, H, lr, lc) with B={B}, H={H}")
+        return True
 
 
 class FunctionBias(StructuredBias):
@@ -132,3 +154,46 @@ def relative_table(bias: StructuredBias, L: int, S: int) -> Tensor:
     row = last_row[:, :, 0, :].expand(Bb, Hb, S)
     col = last_col[:, :, :, 0].flip(-1).expand(Bb, Hb, L - 1)
     return torch.cat([row, col], -1)                         # (Bb, Hb, L + S - 1)
+
+
+#: entries ``kept`` holds (least recently used first out): a decoding loop asks for a new (L, S) at every step
+MAX_KEPT = 64
+_kept: OrderedDict = OrderedDict()
+_lock = threading.Lock()
+
+
+def kept(bias: StructuredBias, key: tuple, build: Callable[[], T]) -> T:
+    """``build()``, remembered for a bias whose class names what its tiles read (``kept_key``), under ``key``
+    (the purpose and the sizes), while its params are the same tensors at the same versions.
+
+    A model builds a new bias object in every layer of every call (``ALiBi.bias()``) over the same slopes: the
+    per-offset table, the shape check and the values' dtype cost 0.2-0.3 ms a call on the AMD EPYC Zen 3, more
+    than the kernel at small n (docs/benchmarks.md, "Issue #27: kept bias tables"). Built afresh instead: inside
+    a torch.compile graph, under ``mask_plan.caching(False)``, for inference tensors (no version counter), and
+    when a param requires grad with grad mode on (the table must carry this call's graph). The value is shared:
+    callers must not modify it.
+    """
+    config = bias.kept_key()
+    params = bias.params
+    if (config is None or torch.compiler.is_compiling() or not caching_on()
+            or (torch.is_grad_enabled() and any(p.requires_grad for p in params))):
+        return build()
+    try:
+        versions = tuple(p._version for p in params)
+    except (RuntimeError, NotImplementedError):        # "Inference tensors do not track version counter"
+        return build()
+    # inference mode in the key: a table built there is an inference tensor, which autograd may not save
+    full = (type(bias), config, tuple(id(p) for p in params), versions, torch.is_inference_mode_enabled(), key)
+    entry = _kept.get(full)
+    if entry is not None and all(ref() is p for ref, p in zip(entry[0], params)):
+        with contextlib.suppress(KeyError):             # another thread may have just evicted it
+            _kept.move_to_end(full)
+        return entry[1]
+    value = build()
+    with _lock, contextlib.suppress(KeyError, RuntimeError):     # another thread's move_to_end
+        for dead in [k for k, (refs, _) in _kept.items() if any(ref() is None for ref in refs)]:
+            del _kept[dead]                             # params that are gone: their ids may be reused
+        _kept[full] = (tuple(weakref.ref(p) for p in params), value)
+        while len(_kept) > MAX_KEPT:
+            _kept.popitem(last=False)
+    return value

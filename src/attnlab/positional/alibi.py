@@ -55,6 +55,9 @@ class AlibiBias(StructuredBias):
     def distance_slopes(self) -> Tensor:
         return self.params[0]
 
+    def kept_key(self) -> tuple:
+        return ()                        # tile reads the slopes alone
+
     def __repr__(self) -> str:
         return f"AlibiBias(heads={self.params[0].numel()})"
 

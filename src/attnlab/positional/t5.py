@@ -50,6 +50,9 @@ class T5BucketBias(StructuredBias):
         self.params = (table,)
         self.bidirectional, self.max_distance = bidirectional, max_distance
 
+    def kept_key(self) -> tuple:
+        return self.bidirectional, self.max_distance
+
     def tile(self, i: Tensor, j: Tensor, table: Tensor) -> Tensor:
         b = t5_bucket(j - i, bidirectional=self.bidirectional, num_buckets=table.shape[0],
                       max_distance=self.max_distance)    # (lr, lc)

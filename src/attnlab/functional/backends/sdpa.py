@@ -72,17 +72,11 @@ def _unsupported(req: AttentionRequest) -> Optional[str]:
         # The same rule for a structured bias (issue #26): its values (ALiBi's -m |i - j|, a T5 table) are
         # computed in its parameters' dtype; rounded to bf16 they cost 0.28 of error at L = 512 (slopes 0.3)
         # where every other backend adds them in fp32 (0.013). A bias already in q's dtype loses nothing.
-        have = _bias_dtype(b, req)
+        have = b.values_dtype(req.shape.L, req.shape.S)
         if have != req.q.dtype:
             return (f"SDPA needs the additive mask in q's dtype ({req.q.dtype}); rounding the {have} values of "
                     f"{b!r} would change them; use tiled, native or reference, which add it in float32")
     return None
-
-
-def _bias_dtype(b: StructuredBias, req: AttentionRequest) -> torch.dtype:
-    """The dtype of a structured bias's values, from a one-pair tile (what ``StructuredBias.check`` reads)."""
-    L, S = req.shape.L, req.shape.S
-    return b.tile_values(0, min(L, 1), 0, min(S, 1), L, S).dtype
 
 
 def _check_memory(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Mask], bias: Optional[Bias], dropout_p: float,
