@@ -116,9 +116,6 @@ class Profile:
     plain: tuple[dict, ...]
     masked: tuple[dict, ...]
     D: int                                   # the head dim measured: applies where the kernel's path is D's
-    # source()'s text, written once: auto reads the profile inside torch.compile graphs (_traced_profile),
-    # which cannot format a Path
-    named: str = ""
 
     @classmethod
     def from_json(cls, data: dict, path: Path) -> "Profile":
@@ -131,13 +128,12 @@ class Profile:
         heads = {r["D"] for r in rows}
         if len(heads) != 1:
             raise ValueError(f"rows of head dims {sorted(heads)}; a profile measures one")
-        named = f"this machine's profile ({path}, measured {data['measured_at'][:16]} by `attnlab tune`)"
         return cls(path, data["key"], data["measured_at"], tuple(data["plain"]), tuple(data["masked"]),
-                   heads.pop(), named)
+                   heads.pop())
 
     def source(self) -> str:
         """How ``explain()`` names this profile."""
-        return self.named
+        return f"this machine's profile ({self.path}, measured {self.measured_at[:16]} by `attnlab tune`)"
 
     def plain_choice(self, dtype: str, causal: bool, grad: bool, n: float) -> Optional[tuple[str, str]]:
         """('native' | 'sdpa', why) for a plain request at ``n = sqrt(L * S)``, from the measured row of the
@@ -157,7 +153,7 @@ class Profile:
             bound = None if above is None else r["n"] * above["n"]     # sqrt(L * S) at their geometric mean
             win = None if tied(r["ms"]) else min(("native", "sdpa"), key=lambda b: r["ms"][b])
             why = (f"{dtype} {mask} {mode} at n = {r['n']}, D = {self.D}: native {r['ms']['native']:.3g} ms, "
-                   f"sdpa {r['ms']['sdpa']:.3g} ms on {self.named}")
+                   f"sdpa {r['ms']['sdpa']:.3g} ms on {self.source()}")
             steps.append((bound, win, why))
         return tuple(steps)
 
