@@ -4,7 +4,7 @@ Above SMALL_PROBLEM scores a masked request once failed to compile as one graph:
 torch.get_num_threads (no tensor: refused under fullgraph), the kernel's ``uses_amx`` and ``uses_tiles`` are
 extension calls, a dense mask's share of empty tiles is a tensor's value, and some reasons formatted module
 floats that dynamic shapes cannot format. Now auto decides in a graph from what a graph may depend on
-(auto_rule.IN_GRAPH): these tests compile each kind of request with each class's rules (monkeypatched, as
+(auto_figures.IN_GRAPH): these tests compile each kind of request with each class's rules (monkeypatched, as
 test_functional does), check the results against the float64 reference, and check that the choice made
 inside the graph is eager's wherever the rule does not weigh the share of empty tiles: a dense mask (SDPA in a
 graph) and bf16 inference with a mask on the ``amx`` class (the kernel on AMX tiles, SDPA off them) differ.

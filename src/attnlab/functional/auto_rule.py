@@ -3,7 +3,7 @@ measured on each CPU class (each figure names its CPU) or from this machine's pr
 
 ``pick(req)`` is the rule itself; ``attention`` asks it once per kind of request through
 ``auto_memo.decided`` and ``explain`` quotes its reason. The thresholds and the figures they quote
-live here, beside the rule that reads them (docs/design.md, "auto").
+live in ``auto_figures.py``, each naming the CPU it was measured on (docs/design.md, "auto").
 
 Example::
 
@@ -19,6 +19,11 @@ import torch
 from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
+from .auto_figures import (
+    AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
+    AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_SMALL_TRAIN_FROM, AVX2_TRAIN_FROM,
+    BF16_CAUSAL_NATIVE_BELOW, BF16_MASKED_WHY, IN_GRAPH_WHY, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM,
+    SMALL_PROBLEM, SPARSE_FROM, TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
 from .backends.native import on_amx, on_tiles
 from .backends.sdpa import sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -35,92 +40,10 @@ from .request import AttentionRequest
 
 __all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "SMALL_PROBLEM"]
 
-# Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
-# than skipping saves, and SDPA with the dense mask is faster. The crossover was measured on the AMD Zen 4
-# by a script that is not in the repository (docs/benchmarks.md): a threshold, not a quoted figure.
-SMALL_PROBLEM = 512 * 512
-# Plain requests (no mask, or causal with L == S) -- the auto grids of docs/benchmarks.md ("auto against
-# the fastest exact backend", B=1 H=8 D=64, the idle AMD Zen 4, 2 threads; commands in
-# docs/benchmarks.md "Issue #14, second/third round"):
-# * fp32 and bf16 with D and Dv multiples of 16, where the compiled kernel runs its AVX-512
-#   micro-kernel (csrc/microkernel.cpp): it beat SDPA's flash kernel forward and backward, with and
-#   without a causal mask, at every n above 512^2 (TILES_MEASURED: the "one table" of n = 1024-16384,
-#   10-repeat medians up to 4096). The rules below are for other head dims, where its GEMMs are MKL's:
-# * fp32 causal: the compiled kernel beat SDPA's flash kernel at every n (forward 1.24x, 1.10x, 1.11x,
-#   1.04x at n = 1024, 2048, 4096, 8192; forward+backward 1.35x, 1.18x, 1.09x up to 4096);
-# * fp32 without a mask: SDPA is faster forward (native 0.90-0.93x at n <= 2048, level above), the
-#   compiled kernel with gradients from n = 4096 (1.07x there; 1.01x, 1.04x at 1024, 2048);
-# * bf16 (MKL's bf16 GEMM, no faster than fp32 on the Zen 4): the compiled kernel's forward wins only on
-#   causal below n = 8192 (1.05x, 1.18x, 1.07x; 0.93x at 8192); without a mask, and with gradients,
-#   SDPA (native 0.75-0.96x).
-NATIVE_TRAIN_FROM = 4096 * 4096
-BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
+
+# bf16 and fp16 with gradients without AVX-512: the kernel at every size (SDPA's backward runs on the fallback GEMM)
+_HALF_TRAINING = {torch.bfloat16: "bf16 training", torch.float16: "fp16 training"}
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-# Every ratio above was measured on one CPU class, and a rule measured on one class can be wrong several-fold on
-# another (issue #27): each figure auto quotes names the CPU it was measured on.
-ZEN4 = "AMD Zen 4, AVX512-BF16 without AMX, 2 threads"
-XEON_AMX = "Intel Xeon with AMX, 2 threads"
-TILES_MEASURED = {
-    torch.float32: ("1.11-1.20x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.29-1.36x and "
-                    f"1.28-1.68x its forward+backward, at n = 1024-16384 ({ZEN4})"),
-    torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.67-1.89x and "
-                     f"1.78-1.96x its forward+backward, at n = 1024-16384 ({ZEN4})"),
-}
-# On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
-# does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
-# there (docs/benchmarks.md, "Issue #27: bf16 on AMX tiles", B=1 H=8, n = 1024-8192, D = 64 and 128):
-# * bf16 on AMX: the compiled kernel AMX_TRAIN of SDPA's forward+backward (the kernel). Its forward, since the
-#   softmax's own exp (amx.cpp; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
-#   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 and 0.97-1.18x at 1024 (median 1.07x of the five
-#   grid and tune runs of 3 Dec 2026: the kernel from n = 1024, "Issue #27: auto on a noisy day"), and
-#   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128.
-#   Its masked forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key
-#   padding that empties 3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9%
-#   on (`attnlab tune`, docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
-# * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
-#   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
-#   1.65-5.9x; 8 documents: 2.4-3.6x);
-# * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
-#   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
-AMX_TRAIN, AMX_CAUSAL_FWD, AMX_PLAIN_FWD = "1.24-1.81x", "1.00-1.24x", "1.00-1.26x"
-AMX_CAUSAL_FROM, AMX_PLAIN_FROM = 1024 * 1024, 4096 * 4096
-AMX_MEASURED = {
-    "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_TRAIN} SDPA's forward+backward "
-             f"without a mask or with a causal one, at n = 1024-8192, D = 64 and 128 ({XEON_AMX})"),
-    "bf16 forward": (f"bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured {AMX_CAUSAL_FWD} "
-                     "SDPA's with a causal mask at n = 2048-8192 (0.97-1.18x at n = 1024, median 1.07x of five "
-                     f"runs) and {AMX_PLAIN_FWD} without one at n = 4096-8192, D = 64 and 128 ({XEON_AMX})"),
-    "bf16 masked": ("bf16 forward on a CPU with AMX, key padding at n = 2048: the compiled kernel's AMX build "
-                    f"measured 1.15x SDPA's with its dense mask at 3% empty tiles, 1.25-2.2x from 9% ({XEON_AMX})"),
-    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.88-0.93x "
-                             "SDPA's without a mask at n = 1024 and 0.96-1.04x at n = 2048, D = 64 and 128; with a "
-                             f"causal mask below n = 1024 nothing was measured: SDPA ({XEON_AMX})"),
-    "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
-                   "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
-                   f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
-    "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
-                     f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
-    "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
-             f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
-             f"n = 1024, 4096 ({XEON_AMX})"),
-}
-# On a CPU without AVX-512 (class avx2, and "other") torch has no fast bf16 GEMM: oneDNN's bf16 matmul needs
-# AVX-512, and the fallback ran at 0.9-1.4 GFLOP/s where MKL's cblas_gemm_bf16bf16f32, which the compiled kernel
-# and SDPA's forward call, ran at 118-184 (ZEN3 below, 4 Dec 2026). SDPA's bf16 backward runs on the fallback;
-# the compiled kernel's does not. Measured there (docs/benchmarks.md, "Issue #27: auto on an AMD EPYC Zen 3
-# with AVX2" and the sections after it, B=1 H=8, D = 64 and 128, n = 1024-16384):
-# * bf16 with gradients: the compiled kernel 5.3-7.9x SDPA's forward+backward without a mask or causal, 6.7-246x
-#   with a mask or bias, at n = 1024-16384, D = 64 and 128 (1.2-8.3x at n = 64-512);
-# * fp32 causal: the kernel 1.05-1.26x SDPA's forward at n = 1024-2048, a tie at 4096 (1.00x), then 0.94x, 0.81x
-#   at 8192, 16384 in one run, 0.97x, 0.97x in a second and 1.00x, 0.98x in a third (AVX2_CAUSAL_FWD_BELOW: SDPA
-#   by a little from 4096); with gradients 1.03-1.36x at n = 1024-16384;
-# * fp32 without a mask, with gradients: the kernel from n = 2048 (AVX2_TRAIN_FROM; 1.01-1.06x at 2048 in six
-#   runs and 3072, 0.96-1.05x at 4096, 1.02-1.06x at 8192, 1.02-1.04x at 16384, D = 64 and 128); below 2048 a tie
-#   (0.95-1.05x at n = 1024 in eight runs, 0.97-1.05x at 576-1536), left to SDPA;
-# * the Zen 4's other thresholds held: no mask, SDPA forward (0.80-0.98x); bf16 causal forward, the kernel
-#   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
-ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
-NO_BF16_GEMM = ("avx2", "other")
 
 
 def no_bf16_gemm() -> bool:
@@ -129,94 +52,9 @@ def no_bf16_gemm() -> bool:
     return cpu_class() in NO_BF16_GEMM
 
 
-AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
-AVX2_TRAIN_FROM = 2048 * 2048
-# fp16 on a CPU without AVX-512: torch's fp16 GEMM is a scalar fallback too (1.3 GFLOP/s on the Zen 3), SDPA's
-# fp16 forward ran at half its fp32 speed there, and the compiled kernel computes fp16 as fp32 (csrc/bindings.cpp,
-# `computed`): the kernel for a plain request from n = 48 (AVX2_FP16_FROM; n = 96 until the kernel was called
-# directly, backends/native_ops.py's _direct) and from 256 keys whatever the queries (AVX2_FP16_KEYS_FROM: SDPA's fp16
-# cost grows with the keys, 0.97 ms for 1 query over 1024), and with gradients at every size (AVX2_MEASURED below;
-# docs/benchmarks.md, "Issue #27: float16 in the compiled kernel" and "Issue #27: small requests").
-AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
-
-
 def fp16_forward_native(L: int, S: int) -> bool:
     """Does plain fp16 inference of L queries over S keys go to the compiled kernel on a CPU without AVX-512?"""
     return L * S >= AVX2_FP16_FROM or S >= AVX2_FP16_KEYS_FROM
-
-
-# Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native_ops.py,
-# _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too), fp32
-# training from n = 128 (AVX2_SMALL_TRAIN_FROM; at 64 a tie: 0.98-1.09x in one run, 0.91-1.02x in another):
-# AVX2_MEASURED["small masked"].
-AVX2_SMALL_TRAIN_FROM = 128 * 128
-# bf16 and fp16 with gradients without AVX-512: the kernel at every size (SDPA's backward runs on the fallback GEMM)
-_HALF_TRAINING = {torch.bfloat16: "bf16 training", torch.float16: "fp16 training"}
-AVX2_MEASURED = {
-    "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
-                      "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
-                      "without a mask or with a causal one and 6.7-246x with a mask or bias at n = 1024-16384, D = 64 "
-                      f"and 128, and 1.2-8.3x at n = 64-512 ({ZEN3})"),
-    "fp32 causal": ("fp32 causal: the compiled kernel measured 1.05-1.26x SDPA's forward at n = 1024-2048 and "
-                    f"1.03-1.36x its forward+backward at n = 1024-16384, D = 64 and 128 ({ZEN3})"),
-    "fp32 training": ("fp32 with gradients from n = 2048: the compiled kernel measured 1.01-1.06x SDPA's "
-                      "forward+backward without a mask at n = 2048 (six runs) and 3072, 0.96-1.05x at 4096, "
-                      f"1.02-1.06x at 8192 and 1.02-1.04x at 16384 (D = 64 and 128) ({ZEN3})"),
-    "bf16 causal": ("bf16 causal forward below n = 8192: the compiled kernel measured 1.14x, 1.04x SDPA's at "
-                    f"n = 1024, 4096 (0.90x at 8192) ({ZEN3})"),
-    "training to sdpa": ("fp32 with gradients below n = 2048, a tie: the compiled kernel measured 0.95-1.05x SDPA's "
-                         "forward+backward without a mask at n = 1024 in eight runs and 0.97-1.05x at 576-1536 "
-                         f"({ZEN3})"),
-    "forward to sdpa": ("forward on a CPU with AVX2 and no AVX-512: the compiled kernel measured 0.80-0.98x SDPA's "
-                        "without a mask at n = 1024-16384, and with a causal one 1.00-1.03x at n = 4096 and 0.81-1.00x "
-                        f"at 8192 and 16384, D = 64 and 128 ({ZEN3})"),
-    "fp16 training": ("fp16 with gradients on a CPU without AVX-512, where torch's fp16 GEMM (which SDPA's backward "
-                      "calls) is a scalar fallback: the compiled kernel, which computes fp16 as fp32, measured "
-                      "2.1-13x SDPA's forward+backward without a mask or with a causal one at n = 64-8192, D = 64, "
-                      f"and 10.0-10.6x at n = 4096, D = 128 ({ZEN3})"),
-    "fp16 forward": ("fp16 forward on a CPU without AVX-512: the compiled kernel, which computes fp16 as fp32, "
-                     "measured 1.1-3.0x SDPA's without a mask or with a causal one at n = 48-16384, D = 64, "
-                     "1.4-1.5x at n = 4096, D = 128 (0.60-0.65x at n = 32), and 1.5-3.0x with 1 or 16 queries "
-                     f"over 256-4096 keys ({ZEN3})"),
-    "fp16 masked": ("measured 2.0-2.1x torch SDPA's fp16 forward (given the dense mask or bias) with key padding, "
-                    "2.9-3.5x with ALiBi, 4.9-44x with a W = 256 window and 8.1-12x with 8 documents at "
-                    f"n = 1024-16384, D = 64 ({ZEN3})"),
-    "small masked": ("a structured mask or bias below 512^2 scores on a CPU without AVX-512: the compiled kernel "
-                     "measured 1.2-5.4x the sdpa backend's fp32 forward, 1.3-4.8x bf16 and 1.7-9.0x fp16 with key "
-                     "padding, a W = 64 window, 8 documents or ALiBi at n = 64-512 (B=1 H=8 D=64; 1.3-3.5x at B=8 "
-                     "H=12), 1.2-1.8x decoding 1 or 16 queries over 64-4096 padded keys (fp32, bf16), and 1.2-5.9x "
-                     f"the fp32 forward+backward from n = 128 ({ZEN3})"),
-    "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
-               "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
-               f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
-}
-AMX_BF16_MIN_SKIPPABLE = 0.03
-TILES_BF16_MIN_SKIPPABLE = 0.6
-# A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
-MIN_SKIPPABLE = 0.25
-# Inside a torch.compile graph auto reads no tensor: where a rule weighs the share of empty tiles (``skippable``),
-# it takes the side most masks are on (SDPA for a dense mask or off the AMX tiles, the kernel on them) and the
-# profile's masked rows are not read. The graph serves every later call's mask, whatever its contents.
-IN_GRAPH = "inside a torch.compile graph, which may not branch on the mask's contents"
-# The reasons are written here, not in the rule: inside a graph with dynamic shapes torch.compile cannot format
-# a module's float (f"{MIN_SKIPPABLE:.0%}" fails there).
-IN_GRAPH_WHY = {
-    "dense": (f"a dense mask {IN_GRAPH}: SDPA's fused kernel applies it faster than tiling can skip unless "
-              f"{MIN_SKIPPABLE:.0%} of the tiles are empty"),
-    "bf16 tiles": (f"bf16 inference with a mask {IN_GRAPH}: the compiled kernel wins only from "
-                   f"{TILES_BF16_MIN_SKIPPABLE:.0%} of the tiles empty ({AMX_MEASURED['bf16 tiles']})"),
-}
-BF16_MASKED_WHY = {                                 # by amx_kernel, after "... leaves x% of the tiles empty "
-    True: f"(the compiled kernel wins from {AMX_BF16_MIN_SKIPPABLE:.0%}): {AMX_MEASURED['bf16 masked']}",
-    False: (f"(the compiled kernel wins from {TILES_BF16_MIN_SKIPPABLE:.0%}): {AMX_MEASURED['bf16 tiles']}; with "
-            f"padding they measured 0.42-0.78x the sdpa backend's speed, with a W = 256 window 1.65-5.9x"),
-}
-# From this many score entries per head, a scattered block layout (bigbird, block_sparse) runs faster
-# in the sparse backend, which batches all its blocks, than in tiled, which walks them one span at a
-# time. Measured on the AMD Zen 4 (1 thread) by a script that is not in the repository, so no figure
-# is quoted (docs/benchmarks.md, "Issue #4"). On bands (window, dilated, global_window) tiled was
-# faster there: not picked.
-SPARSE_FROM = 8192 * 8192
 
 
 def candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
