@@ -84,7 +84,7 @@ def main() -> None:
                 line = f"{dtype:9} {mode:6} {n:5d} " + " ".join(f"{m:16.3f}" for m in ms)
                 print(line + f"  {ms[2] / ms[1]:10.2f} {ms[4] / ms[3]:5.2f}  {ms[0] / ms[1]:14.2f}",  # noqa: T201
                       flush=True)
-    write_script_result(args.json, rows)
+    print(write_script_result(args.json, rows))  # noqa: T201
 
 
 if __name__ == "__main__":

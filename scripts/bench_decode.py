@@ -46,7 +46,7 @@ def main() -> None:
                     rows.append(row)
                     line = f"{dtype:9} {L:3d} {S:6d} {kind:8} " + " ".join(f"{m:10.3f}" for m in ms)
                     print(line + f"  {ms[0] / ms[1]:13.2f}  {ms[0] / ms[2]:11.2f}", flush=True)  # noqa: T201
-    write_script_result(args.json, rows)
+    print(write_script_result(args.json, rows))  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -82,16 +82,16 @@ def machine_info(argv: Optional[list[str]] = None) -> dict:
     }
 
 
-def write_script_result(path: str, rows: list[dict]) -> dict:
+def write_script_result(path: str, rows: list[dict]) -> str:
     """Write a script's rows with this machine's metadata (its command: ``python <script> <args>``) as JSON at
-    ``path`` (creating its folder), print where, and return the metadata (scripts/bench_*.py)."""
+    ``path`` (creating its folder); return the line for the script to print: the CPU, threads and the path
+    (scripts/bench_*.py)."""
     meta = machine_info()
     meta["command"] = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(f"{cpu_label(meta)}, {meta['torch_threads']} threads; wrote {path}")  # noqa: T201
-    return meta
+    return f"{cpu_label(meta)}, {meta['torch_threads']} threads; wrote {path}"
 
 
 def _busy_jiffies() -> Optional[int]:
