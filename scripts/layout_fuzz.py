@@ -314,7 +314,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--index", type=int, default=None, help="rerun only problem INDEX of --seed")
     p.add_argument("--backends", nargs="+", default=None, help=f"default: {exact_backends()}")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--json", type=Path, default=None, help="write the failing problems here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -50,14 +50,20 @@ T = TypeVar("T")
 
 #: entries kept per mask (least recently used first out)
 MAX_PLANS = 16
-_state = threading.local()
+
+
+class _State(threading.local):
+    enabled = True          # a class default: reading it never raises (a missing attribute's getattr costs 0.6 us)
+
+
+_state = _State()
 
 
 @contextlib.contextmanager
 def caching(enabled: bool) -> Iterator[None]:
     """Within the ``with`` body (this thread), ``planned`` keeps and reuses plans (True, the default) or
     builds every one afresh (False: what every call did before plans were kept)."""
-    outer = getattr(_state, "enabled", True)
+    outer = _state.enabled
     _state.enabled = bool(enabled)
     try:
         yield
@@ -67,7 +73,7 @@ def caching(enabled: bool) -> Iterator[None]:
 
 def caching_on() -> bool:
     """Whether this thread keeps plans now (``caching``): also read by ``auto_memo`` for auto's decisions."""
-    return getattr(_state, "enabled", True)
+    return _state.enabled
 
 
 def planned(mask: Optional[Mask], key: tuple, build: Callable[[], T]) -> T:
@@ -76,18 +82,20 @@ def planned(mask: Optional[Mask], key: tuple, build: Callable[[], T]) -> T:
     ``key`` must name everything besides the mask that ``build`` reads (the purpose, L, S, tile sizes,
     batch size, device...). The value is shared: callers must not modify it.
     """
-    if mask is None or not caching_on() or torch.compiler.is_compiling():
+    if mask is None or not _state.enabled or torch.compiler.is_compiling():
         return build()
     leaves = parts(mask)
     stamp = _stamp(leaves)
     memo = _memo(_owner(stamp)) if stamp is not None else None
-    if memo is None or stamp is None:
+    if memo is None:
         return build()
-    full_key = (key, tuple(id(p) for p in leaves))
+    full_key = (key, tuple(map(id, leaves)))
     entry = memo.get(full_key)
     if entry is not None and _same(entry[0], stamp):
-        with contextlib.suppress(KeyError):          # another thread may have just evicted it
+        try:
             memo.move_to_end(full_key)
+        except KeyError:                              # another thread may have just evicted it
+            pass
         return entry[1]
     value = build()
     try:
@@ -114,7 +122,10 @@ def plan_count(mask: Mask) -> int:
 def _owner(stamp: tuple) -> Mask:
     """The part that keeps the plans of an ``&``: the first that holds tensors (per-batch data, such as
     padding lengths or document ids: its plans die with it), else the first (causal, windows)."""
-    return next((leaf for leaf, tensors in stamp if tensors), stamp[0][0])
+    for leaf, tensors in stamp:
+        if tensors:
+            return leaf
+    return stamp[0][0]
 
 
 def _memo(owner: Mask) -> Optional[OrderedDict]:
@@ -139,10 +150,15 @@ def _stamp(leaves: list[Mask]) -> Optional[tuple]:
         if not _tensors(leaf, tensors, depth=0):
             return None
         try:
-            out.append((leaf, tuple((t, t._version) for t in tensors)))
+            out.append((leaf, tuple([(t, t._version) for t in tensors])))
         except (RuntimeError, NotImplementedError):  # "Inference tensors do not track version counter"
             return None
     return tuple(out)
+
+
+# Attribute types that hold no tensor, tested first: a stamp is read twice per masked call (auto's decision, the
+# kernel's plan), and most of a mask's attributes are sizes and flags.
+_PLAIN = frozenset({int, float, bool, str, type(None)})
 
 
 def _tensors(obj, found: list, depth: int) -> bool:
@@ -151,9 +167,12 @@ def _tensors(obj, found: list, depth: int) -> bool:
     if depth > 4:
         return False
     for name, value in getattr(obj, "__dict__", {}).items():
-        if name == _ATTR or isinstance(value, dict):   # its plans; caches derived from the mask (patterns)
+        kind = type(value)
+        if kind is Tensor:
+            found.append(value)
+        elif kind in _PLAIN or name == _ATTR or isinstance(value, dict):   # its plans; caches derived from it
             continue
-        if not _collect(value, found, depth):
+        elif not _collect(value, found, depth):
             return False
     return True
 
