@@ -204,7 +204,9 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
             int(tile_q or dq), int(tile_k or dk))
     # q, k, v with any strides: the kernel copies only what it cannot read (csrc/bindings.cpp, readable)
     out, lse = run_forward(q, k, v, bias_t, spans, bits, args)
-    return out.to(q.dtype), lse           # fp16: rounded once, outside the Function (native_ops._computed)
+    if out.dtype != q.dtype:              # fp16: rounded once, outside the Function (native_ops._computed)
+        out = out.to(q.dtype)
+    return out, lse
 
 
 def _planned_args(mask: Optional[Mask], dtype: torch.dtype, L: int, S: int):

@@ -235,8 +235,10 @@ def _direct(*tensors: Optional[Tensor]) -> bool:
     (``torch._vmap_internals``, which gradcheck's batched check uses and no global flag shows)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():    # first: a trace must not reach the checks below
         return False
-    return (all(t is None or (type(t) is Tensor and not _legacy_batched(t)) for t in tensors)
-            and not torch._C._are_functorch_transforms_active()
+    for t in tensors:
+        if t is not None and (type(t) is not Tensor or _legacy_batched(t)):
+            return False
+    return (not torch._C._are_functorch_transforms_active()
             and _forward_ad._current_level < 0           # a dual level: the Function refuses forward AD, loudly
             and torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled())
 
