@@ -93,7 +93,7 @@ def test_a_plan_whose_part_died_is_not_read_for_a_new_part():
 
 @pytest.mark.parametrize("backend", ["native", "tiled", "sparse", "auto"])
 def test_every_layer_reads_the_plan_of_the_first(backend, monkeypatch):
-    if backend not in al.available_backends():
+    if backend != "auto" and backend not in al.available_backends():
         pytest.skip(f"{backend} is not available here")
     stack = EncoderStack(BlockConfig(d_model=32, n_heads=2), 6).eval()
     x = torch.randn(2, 40, 32)                                             # (B, n, C)
@@ -146,3 +146,37 @@ def test_the_sdpa_backend_densifies_a_mask_once_per_size():
     torch.testing.assert_close(al.attention(q, k, v, mask=m, backend="sdpa"), a)
     torch.testing.assert_close(a, al.attention(q, k, v, mask=m, backend="reference"))
     assert plan_count(m) == 1
+
+
+@pytest.mark.parametrize("backend", ["native", "tiled", "sparse", "sdpa", "auto"])
+def test_a_dense_mask_keeps_its_plans_across_calls(backend, monkeypatch):
+    """``masks.dense(t)`` passed to every call plans once: the request keeps the mask object (moving it to q's
+    device, where it already is, is the mask itself), for ``&`` with it too. An in-place edit of ``t`` is seen."""
+    if backend != "auto" and backend not in al.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 16, generator=g) for _ in range(3))
+    allowed = torch.rand(1, 1, 96, 96, generator=g) > 0.3
+    allowed[..., 0] = True
+    m = masks.dense(allowed)
+    assert m.to(q.device) is m and (masks.causal() & m).to(q.device).b is m
+    DenseMask = type(m)
+    seen = []
+    for name in ("tile_kinds", "dense", "tile"):
+        real = getattr(DenseMask, name)
+        monkeypatch.setattr(DenseMask, name, lambda self, *a, _r=real, _n=name: seen.append(_n) or _r(self, *a))
+    first = al.attention(q, k, v, mask=m, backend=backend)
+    once = len(seen)
+    al.attention(q, k, v, mask=m, backend=backend)
+    again = len(seen)
+    al.attention(q, k, v, mask=masks.causal() & m, backend=backend)
+    both = len(seen)
+    al.attention(q, k, v, mask=masks.causal() & m, backend=backend)       # a new & of the same parts shares
+    if backend != "tiled":                              # the others keep their whole plan; tiled reads tiles as it runs
+        assert once > 0 and again == once and len(seen) == both, seen
+    assert plan_count(m) >= 1
+    allowed[..., 40:] = False                                             # the user's tensor, edited in place
+    got = al.attention(q, k, v, mask=m, backend=backend)
+    want = al.attention(q, k, v, mask=masks.dense(allowed.clone()), backend="reference")
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, first)

@@ -165,7 +165,8 @@ class AndMask(Mask):
         return None if a is None or b is None else intersect_spans(a, b)
 
     def to(self, device):
-        return AndMask(self.a.to(device), self.b.to(device))
+        a, b = self.a.to(device), self.b.to(device)
+        return self if a is self.a and b is self.b else AndMask(a, b)
 
     def __repr__(self):
         return f"({self.a!r} & {self.b!r})"

@@ -282,7 +282,10 @@ class DenseMask(Mask):
         return classify(~any_, all_)                              # (Bm, nq, nk)
 
     def to(self, device):
-        moved = DenseMask(self.allowed.to(device))
+        allowed = self.allowed.to(device)
+        if allowed is self.allowed:           # already there: the same mask, so the plans kept with it are read
+            return self
+        moved = DenseMask(allowed)
         moved.given_shape = self.given_shape          # keep the caller's shape for messages
         return moved
 
