@@ -36,7 +36,8 @@ def _brute_force(case: Case) -> torch.Tensor:
             "alibi": lambda b, i, j: j <= i,
             "padding": lambda b, i, j: j < lengths[b],
             "window": lambda b, i, j: i - W <= j <= i,
-            "documents": lambda b, i, j: docs[i] == docs[j]}[case.mask]
+            "documents": lambda b, i, j: docs[i] == docs[j],
+            "dense": lambda b, i, j: j <= i and j < lengths[b]}[case.mask]
     return torch.tensor([[[rule(b, i, j) for j in range(n)] for i in range(n)] for b in range(B)])
 
 

@@ -60,11 +60,17 @@ def test_mask_forms_equal_the_dense_mask(name):
     assert torch.equal(*torch.broadcast_tensors(allowed, want)), name
 
 
-def test_pack_bits_round_trip_across_word_edges():
-    m = torch.rand(2, 3, 5, 130, generator=torch.Generator().manual_seed(0)) > 0.5
-    words = pack_bits(m)                                                       # (2, 3, 5, 3)
-    j = torch.arange(130)
-    assert torch.equal(((words[..., j // 64] >> (j % 64)) & 1).bool(), m)
+@pytest.mark.parametrize("little_endian", [True, False], ids=["numpy_packbits", "torch_fallback"])
+@pytest.mark.parametrize("S", [130, 128, 1])
+def test_pack_bits_round_trip_across_word_edges(S, little_endian, monkeypatch):
+    monkeypatch.setattr(native, "_LITTLE_ENDIAN", little_endian)
+    m = torch.rand(2, 3, 5, S, generator=torch.Generator().manual_seed(0)) > 0.5
+    m[..., -1] = True                                                          # bit 63 of a full last word
+    for given in (m, m.transpose(-1, -2).contiguous().transpose(-1, -2), m[:1].expand(2, 3, 5, S)):
+        words = pack_bits(given)                                               # (2, 3, 5, ceil(S / 64))
+        assert words.dtype == torch.int64 and words.shape == (2, 3, 5, -(-S // 64))
+        j = torch.arange(S)
+        assert torch.equal(((words[..., j // 64] >> (j % 64)) & 1).bool(), given)
 
 
 @pytest.mark.parametrize("mask", [None, masks.causal(), masks.window(2, 1) & masks.padding([9, 4]),

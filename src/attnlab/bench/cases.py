@@ -37,6 +37,8 @@ MASK_KINDS = {
     "alibi": "ALiBi bias -slope_h * |i - j| (positional.alibi_slopes: 2^(-8h/H) when H is a power of 2) and causal, "
              "as the library's AlibiBias (computed per tile by tiled, read from an O(n) table by native, kept "
              "across calls)",
+    "dense": "causal and key padding (len as for padding) given to attnlab as a (B, 1, n, n) bool tensor, "
+             "masks.dense, as Hugging Face models build their masks: no interval form to read",
 }
 MODES = {"fwd": "forward only, under torch.no_grad()",
          "fwdbwd": "forward + out.backward(grad), q, k, v require grad"}
@@ -94,7 +96,7 @@ def document_ids(case: Case) -> Tensor:
 
 
 def attnlab_mask(case: Case):
-    """(mask, bias) to pass to ``attnlab.attention`` for this case (structured, never dense)."""
+    """(mask, bias) to pass to ``attnlab.attention`` for this case: structured, but for the "dense" kind."""
     kind = case.mask
     if kind == "none":
         return None, None
@@ -110,6 +112,9 @@ def attnlab_mask(case: Case):
         # the library's own bias, as ALiBi(H).bias() gives it in a model: its per-offset table is kept across
         # the timed calls, as across a model's layers and steps (functional/bias.py, ``kept``)
         return masks.causal(), AlibiBias(alibi_slopes(case.heads).float())
+    if kind == "dense":
+        structured = masks.causal() & masks.padding(padding_lengths(case))
+        return masks.dense(structured.dense(case.n, case.n)), None          # (B|1, 1, n, n) bool
     raise ValueError(f"unknown mask kind {kind!r}; choose from {list(MASK_KINDS)}")
 
 
@@ -149,6 +154,11 @@ def flex_mods(case: Case) -> tuple[Optional[Callable], Optional[Callable]]:
 
         def mask_mod(b, h, q_idx, kv_idx):
             return kv_idx < lengths[b]
+    elif kind == "dense":
+        lengths = padding_lengths(case)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (kv_idx < lengths[b])
     elif kind == "window":
         W = case.window
 
@@ -181,6 +191,8 @@ def allowed_pairs(case: Case) -> int:
         return B * n * (n + 1) // 2
     if kind == "padding":
         return n * int(padding_lengths(case).sum())
+    if kind == "dense":             # causal and padding: row i < len sees i + 1 keys, the others len
+        return sum(m * (m + 1) // 2 + (n - m) * m for m in padding_lengths(case).tolist())
     if kind == "window":
         W = min(case.window, n - 1)
         # rows i < W see i + 1 keys, rows i >= W see W + 1
