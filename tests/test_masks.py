@@ -62,6 +62,27 @@ def test_tile_kinds_agree_with_dense(name, L, S, bq, bk):
         assert (k == want).all(), f"{name}: classification not exact"
 
 
+@pytest.mark.parametrize("little_endian", [True, False], ids=["numpy_packbits", "torch_fallback"])
+@pytest.mark.parametrize("L, S", [(70, 200), (128, 256), (1, 64), (33, 130)])
+@pytest.mark.parametrize("bq, bk", [(16, 64), (64, 128), (32, 192), (8, 48)])
+def test_dense_tile_kinds_are_exact_on_words(L, S, bq, bk, little_endian, monkeypatch):
+    """A dense mask's kinds from its bit-packed words (tile_k a multiple of 64) or its bools (else): exact,
+    at S off a word's edge, over heads (Hm = 3) and a broadcast head (Hm = 1); with whole tiles allowed, none
+    allowed, and one pair off in an allowed tile."""
+    monkeypatch.setattr(tiles, "_LITTLE_ENDIAN", little_endian)
+    g = torch.Generator().manual_seed(L * S + bq + bk)
+    for Hm in (3, 1):
+        m = torch.rand(2, Hm, L, S, generator=g) > 0.4                   # (Bm, Hm, L, S)
+        blocks = torch.rand(2, 1, -(-L // bq), -(-S // bk), generator=g)
+        blocks[1, 0, 0, 0], blocks[1, 0, -1, -1] = 0.0, 0.9                # at least one FULL and one EMPTY tile
+        whole = blocks.repeat_interleave(bq, 2).repeat_interleave(bk, 3)[:, :, :L, :S]
+        m = (m | (whole < 0.3)) & (whole < 0.7)                            # FULL and EMPTY tiles among PARTIAL ones
+        m[0, 0, -1, -1] = not bool(m[0, 0, -1, -1])                        # the last key of a word off S's edge
+        want = brute_kinds(m, L, S, bq, bk)
+        assert {EMPTY, FULL} <= set(want.flatten().tolist()) or blocks[0, 0].numel() == 1
+        assert torch.equal(tiles.dense_tile_kinds(m, L, S, bq, bk), want)
+
+
 @pytest.mark.parametrize("name", list(all_masks()))
 def test_tiles_are_slices_of_dense(name):
     m = all_masks()[name]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.functional import FunctionBias, masks
+from attnlab.functional import FunctionBias, masks, tiles
 from attnlab.functional.backends import native
 from attnlab.functional.backends.native import mask_args, native_attention, native_forward, pack_bits
 from attnlab.functional.backends.reference import reference_attention
@@ -63,7 +63,7 @@ def test_mask_forms_equal_the_dense_mask(name):
 @pytest.mark.parametrize("little_endian", [True, False], ids=["numpy_packbits", "torch_fallback"])
 @pytest.mark.parametrize("S", [130, 128, 1])
 def test_pack_bits_round_trip_across_word_edges(S, little_endian, monkeypatch):
-    monkeypatch.setattr(native, "_LITTLE_ENDIAN", little_endian)
+    monkeypatch.setattr(tiles, "_LITTLE_ENDIAN", little_endian)
     m = torch.rand(2, 3, 5, S, generator=torch.Generator().manual_seed(0)) > 0.5
     m[..., -1] = True                                                          # bit 63 of a full last word
     for given in (m, m.transpose(-1, -2).contiguous().transpose(-1, -2), m[:1].expand(2, 3, 5, S)):

@@ -39,8 +39,8 @@ from torch import Tensor
 
 from .mask_base import AndMask, Mask, parts
 from .patterns import bigbird, block_sparse, dilated_window, fixed, global_window, strided
-from .tiles import (EMPTY, FULL, PARTIAL, classify, intersect_spans, interval_kinds, interval_spans, tile_bounds,
-                    tile_reduce)
+from .tiles import (EMPTY, FULL, PARTIAL, classify, dense_tile_kinds, intersect_spans, interval_kinds, interval_spans,
+                    tile_bounds, tile_reduce)
 from .varlen import aligned, padded, varlen
 
 __all__ = ["Mask", "causal", "padding", "from_key_mask", "window", "documents", "dense", "EMPTY", "PARTIAL", "FULL",
@@ -271,15 +271,7 @@ class DenseMask(Mask):
         return m[:, :, rows, cols]
 
     def tile_kinds(self, L, S, tile_q, tile_k):
-        m = self.allowed.expand(-1, -1, L, S).cpu()
-        pad_l, pad_s = (-L) % tile_q, (-S) % tile_k
-        # pad with True for "all" and False for "any" so the padding never changes a verdict
-        def tiles(x):
-            return x.unflatten(2, (-1, tile_q)).unflatten(4, (-1, tile_k))    # (Bm, Hm, nq, tq, nk, tk)
-        f = torch.nn.functional.pad
-        all_ = tiles(f(m, (0, pad_s, 0, pad_l), value=True)).all(5).all(3).all(1)
-        any_ = tiles(f(m, (0, pad_s, 0, pad_l), value=False)).any(5).any(3).any(1)
-        return classify(~any_, all_)                              # (Bm, nq, nk)
+        return dense_tile_kinds(self.allowed, L, S, tile_q, tile_k)
 
     def to(self, device):
         allowed = self.allowed.to(device)

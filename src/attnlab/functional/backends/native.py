@@ -15,14 +15,12 @@ stays the readable explanation of the algorithm.
 """
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ..tiles import old_tile_names
+from ..tiles import old_tile_names, pack_bits
 from ..bias import StructuredBias
 from ..mask_plan import planned
 from ..masks import Mask, intersect_spans, parts
@@ -160,27 +158,6 @@ def _mask_args(mask: Mask, L: int, S: int) -> tuple[Optional[Tensor], Optional[T
     if spans is not None:
         spans = spans.contiguous()
     return spans, bits
-
-
-def pack_bits(allowed: Tensor) -> Tensor:
-    """(Bb, Hb, L, S) bool -> (Bb, Hb, L, ceil(S / 64)) int64, bit j % 64 of word j // 64.
-
-    numpy's ``packbits`` packs 8 keys a byte, the lowest key in the lowest bit, and on a little-endian CPU 8
-    such bytes read as one int64 are the word: 1 ms for a 4096 x 4096 mask on the AMD EPYC Zen 3, where the
-    torch arithmetic below (the big-endian and torch.compile fallback) took 104 ms, a third of the masked call it
-    plans."""
-    S = allowed.shape[-1]
-    pad = (-S) % 64
-    x = allowed.cpu()
-    x = torch.nn.functional.pad(x, (0, pad)) if pad else x                          # (.., S + pad) bool
-    if _LITTLE_ENDIAN and not torch.compiler.is_compiling():           # a graph's tensors have no numpy form
-        return torch.from_numpy(np.packbits(x.numpy(), axis=-1, bitorder="little")).view(torch.int64)
-    x = x.unflatten(-1, (-1, 64)).long()                                            # (.., W, 64)
-    weights = torch.ones(64, dtype=torch.long).bitwise_left_shift(torch.arange(64))     # 2^k (bit 63 wraps)
-    return (x * weights).sum(-1).contiguous()     # distinct bits never carry, so the sum is an OR
-
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def bias_args(bias: Optional[Bias], q: Tensor, L: int, S: int) -> tuple[int, Optional[Tensor], int, int]:
