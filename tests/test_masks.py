@@ -83,6 +83,26 @@ def test_dense_tile_kinds_are_exact_on_words(L, S, bq, bk, little_endian, monkey
         assert torch.equal(tiles.dense_tile_kinds(m, L, S, bq, bk), want)
 
 
+@pytest.mark.parametrize("S", [1, 63, 64, 65, 130])
+@pytest.mark.parametrize("Hb", [1, 3])
+def test_bit_spans_are_each_rows_first_and_last_allowed_key(S, Hb):
+    """Over heads, from the words: a row with none ([0, 0)), with all, with only its last or first key, with
+    bit 63 of a word (the int64's sign), and sparse rows."""
+    g = torch.Generator().manual_seed(S * Hb)
+    m = torch.rand(2, Hb, 12, S, generator=g) > 0.9                          # (Bb, Hb, L, S)
+    m[:, :, 0], m[:, :, 1] = False, True
+    m[:, :, 2], m[:, :, 3] = False, False
+    m[:, -1, 2, -1], m[:, 0, 3, 0] = True, True                              # in one head only
+    m[:, :, 4], m[:, :, 4, min(63, S - 1)] = False, True
+    want = torch.zeros(2, 12, 1, 2, dtype=torch.long)
+    for b in range(2):
+        for i in range(12):
+            keys = m[b, :, i].any(0).nonzero().flatten()
+            if len(keys):
+                want[b, i, 0] = torch.stack([keys[0], keys[-1] + 1])
+    assert torch.equal(tiles.bit_spans(tiles.pack_bits(m)), want)
+
+
 @pytest.mark.parametrize("name", list(all_masks()))
 def test_tiles_are_slices_of_dense(name):
     m = all_masks()[name]

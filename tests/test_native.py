@@ -49,6 +49,7 @@ def test_mask_forms_equal_the_dense_mask(name):
     """spans (intersected) AND bits, read the way the kernel reads them, give back exactly dense()."""
     mask, L, S = ALL_MASKS[name](), 9, 11
     spans, bits = mask_args(mask, L, S)
+    assert bits is None or spans is not None              # a dense part's row ranges join the spans (bit_spans)
     allowed = torch.ones(1, 1, L, S, dtype=torch.bool)
     j = torch.arange(S)
     if spans is not None:

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..tiles import old_tile_names, pack_bits
+from ..tiles import bit_spans, old_tile_names, pack_bits
 from ..bias import StructuredBias
 from ..mask_plan import planned
 from ..masks import Mask, intersect_spans, parts
@@ -128,8 +128,9 @@ def mask_args(mask: Optional[Mask], L: int, S: int) -> tuple[Optional[Tensor], O
 
     The parts of an ``&`` combination that have an interval form become spans (intersected); the
     rest is materialized once as a dense bool mask and bit-packed (1 bit per pair, read only on
-    rows the spans leave partial). Planned once per mask and (L, S) (``mask_plan.planned``): the kernel
-    only reads them.
+    rows the spans leave partial), and each row's range of allowed keys in it joins the spans
+    (``tiles.bit_spans``), so that the kernel skips what lies outside as for an interval form.
+    Planned once per mask and (L, S) (``mask_plan.planned``): the kernel only reads them.
     """
     if mask is None:
         return None, None
@@ -154,7 +155,10 @@ def _mask_args(mask: Mask, L: int, S: int) -> tuple[Optional[Tensor], Optional[T
         allowed = rest[0].dense(L, S)
         for part in rest[1:]:
             allowed = allowed & part.dense(L, S)
-        bits = pack_bits(allowed.expand(-1, -1, L, S))
+        bits = pack_bits(allowed.expand(-1, -1, L, S))                  # (Bb, Hb, L, W)
+        if L > 0 and S > 0:
+            ranges = bit_spans(bits)                  # each row's range: the chunks outside it are skipped
+            spans = ranges if spans is None else intersect_spans(spans, ranges)
     if spans is not None:
         spans = spans.contiguous()
     return spans, bits
