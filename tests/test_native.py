@@ -61,6 +61,33 @@ def test_mask_forms_equal_the_dense_mask(name):
     assert torch.equal(*torch.broadcast_tensors(allowed, want)), name
 
 
+@pytest.mark.parametrize("with_window", [False, True], ids=["dense", "window&dense"])
+def test_dense_rows_classified_a_word_at_a_time(with_window):
+    """The kernel asks of each row's bits in a key chunk whether all or none are set, a 64-bit word at a time:
+    rows with every bit of their range set, none, one bit off at a word's first or last key (63, 64, 127, 128,
+    the range's ends), ranges starting mid-word (a window's spans); outputs and gradients against float64."""
+    L, S = 24, 200
+    allowed = torch.zeros(1, 2, L, S, dtype=torch.bool)                    # (1, Hb, L, S)
+    allowed[:, :, 0:6] = True                                              # all set
+    for r, j in zip(range(6, 14), (0, 63, 64, 127, 128, 199, 100, 65)):
+        allowed[:, :, r] = True
+        allowed[:, :, r, j] = False                                        # one bit off
+    for r, (a, e) in zip(range(14, 20), ((0, 64), (64, 128), (63, 65), (127, 200), (5, 6), (130, 131))):
+        allowed[:, :, r, a:e] = True                                       # a range ending on or off a word edge
+    allowed[:, 1, 20] = True                                               # one head only; rows 21-23 have none
+    mask = masks.dense(allowed)
+    if with_window:
+        mask = masks.window(150, 40) & mask
+    q, k, v = leaves((1, 2, L, 16), (1, 2, S, 16), (1, 2, S, 8), seed=3)
+    for backend in ("native", "reference"):
+        out = al.attention(q, k, v, mask=mask, backend=backend, scale=0.25)
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        if backend == "native":
+            got = [out, *grads]
+    for g, w in zip(got, [out, *grads]):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("little_endian", [True, False], ids=["numpy_packbits", "torch_fallback"])
 @pytest.mark.parametrize("S", [130, 128, 1])
 def test_pack_bits_round_trip_across_word_edges(S, little_endian, monkeypatch):

@@ -207,12 +207,19 @@ inline bool plan_rows(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0
     else if (nk == 1) kind = kRange;        // one interval: [a, e) is exact
     else kind = kMasked;                    // several: test each key against the spans
     if (kind != kEmpty && pb.bits != nullptr) {
-      // A dense mask refines the row: count its set bits in [a, e).
+      // A dense mask refines the row: are all, or none, of its bits in [a, e) set? A word at a time (its bits
+      // in [a, e) against a mask of them): a row inside its range (tiles.bit_spans) reads all its bits, and
+      // one by one that was 20 ms of a 140 ms forward at n = 4096 (causal key padding given densely, Zen 3).
       const int64_t bb = pb.bits_sb ? b : 0, hb = pb.bits_sh ? h : 0;
+      const uint64_t* words = pb.bits + bb * pb.bits_sb + hb * pb.bits_sh + i * pb.W64;
       bool all = true, none = true;
-      for (int64_t j = a; j < e && (all || none); ++j) {
-        bool on = pb.bit(bb, hb, i, j);
-        all = all && on; none = none && !on;
+      for (int64_t j = a; j < e && (all || none);) {
+        const int64_t w = j >> 6, lo = j & 63, hi = std::min<int64_t>(64, e - (w << 6));   // bits [lo, hi) of word w
+        const uint64_t want = hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1) << lo;
+        const uint64_t got = words[w] & want;
+        all = all && got == want;
+        none = none && got == 0;
+        j = (w << 6) + hi;
       }
       if (none) kind = kEmpty;
       else if (!all) kind = kMasked;
