@@ -61,11 +61,29 @@ def test_mask_forms_equal_the_dense_mask(name):
     assert torch.equal(*torch.broadcast_tensors(allowed, want)), name
 
 
-@pytest.mark.parametrize("with_window", [False, True], ids=["dense", "window&dense"])
-def test_dense_rows_classified_a_word_at_a_time(with_window):
-    """The kernel asks of each row's bits in a key chunk whether all or none are set, a 64-bit word at a time:
-    rows with every bit of their range set, none, one bit off at a word's first or last key (63, 64, 127, 128,
-    the range's ends), ranges starting mid-word (a window's spans); outputs and gradients against float64."""
+class _TwoSpans(masks.Mask):
+    """Keys 0-9 and the 30 keys up to the row's own: two intervals per row (no library mask has K > 1)."""
+
+    def row_spans(self, L, S):
+        i = torch.arange(L) + S - L                                            # (L,) the row's key position
+        first = torch.stack([torch.zeros(L, dtype=torch.long), torch.full((L,), 10)], -1)
+        second = torch.stack([(i - 30).clamp(min=0), (i + 1).clamp(max=S)], -1)
+        return torch.stack([first, second], 1)[None]                           # (1, L, 2, 2)
+
+    def tile(self, r0, r1, c0, c1, L, S):
+        i, j = torch.arange(r0, r1)[:, None] + S - L, torch.arange(c0, c1)[None]
+        return ((j < 10) | ((j <= i) & (j >= i - 30)))[None, None]
+
+    def tile_kinds(self, L, S, tile_q, tile_k):
+        return torch.full((1, -(-L // tile_q), -(-S // tile_k)), masks.PARTIAL, dtype=torch.int8)
+
+
+@pytest.mark.parametrize("spans", [None, "window", "two"], ids=["dense", "window&dense", "two_intervals&dense"])
+def test_dense_rows_classified_and_masked_a_word_at_a_time(spans):
+    """The kernel asks of each row's bits in a key chunk whether all or none are set, and masks the unset ones, a
+    64-bit word at a time: rows with every bit of their range set, none, one bit off at a word's first or last key
+    (63, 64, 127, 128, the range's ends), ranges starting mid-word (a window's spans), two intervals per row
+    (K > 1); outputs and gradients against float64."""
     L, S = 24, 200
     allowed = torch.zeros(1, 2, L, S, dtype=torch.bool)                    # (1, Hb, L, S)
     allowed[:, :, 0:6] = True                                              # all set
@@ -76,8 +94,11 @@ def test_dense_rows_classified_a_word_at_a_time(with_window):
         allowed[:, :, r, a:e] = True                                       # a range ending on or off a word edge
     allowed[:, 1, 20] = True                                               # one head only; rows 21-23 have none
     mask = masks.dense(allowed)
-    if with_window:
+    if spans == "window":
         mask = masks.window(150, 40) & mask
+    elif spans == "two":
+        mask = _TwoSpans() & mask
+    assert mask_args(mask, L, S)[0].shape[2] == (2 if spans == "two" else 1)
     q, k, v = leaves((1, 2, L, 16), (1, 2, S, 16), (1, 2, S, 8), seed=3)
     for backend in ("native", "reference"):
         out = al.attention(q, k, v, mask=mask, backend=backend, scale=0.25)
