@@ -112,7 +112,8 @@ AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
 # Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native_ops.py,
 # _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too), fp32
 # training from n = 128 (AVX2_SMALL_TRAIN_FROM; at 64 a tie: 0.98-1.09x in one run, 0.91-1.02x in another):
-# AVX2_MEASURED["small masked"].
+# AVX2_MEASURED["small masked"]. So did a dense bool mask once the kernel read each row's range and masked a word
+# at a time (scripts/bench_dense_masks.py; docs/benchmarks.md, "Issue #27: dense masks"): AVX2_MEASURED["small dense"].
 AVX2_SMALL_TRAIN_FROM = 128 * 128
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
@@ -148,6 +149,17 @@ AVX2_MEASURED = {
                      "padding, a W = 64 window, 8 documents or ALiBi at n = 64-512 (B=1 H=8 D=64; 1.3-3.5x at B=8 "
                      "H=12), 1.2-1.8x decoding 1 or 16 queries over 64-4096 padded keys (fp32, bf16), and 1.2-5.9x "
                      f"the fp32 forward+backward from n = 128 ({ZEN3})"),
+    "small dense": ("a dense bool mask below 512^2 scores on a CPU without AVX-512: the compiled kernel reads it "
+                    "as bits within each row's range of allowed keys, and measured 1.1-6.4x the sdpa backend's fp32 "
+                    "forward, 1.0-5.0x bf16 and 1.7-11x fp16 with causal key padding, 8 documents or a random half "
+                    "of the pairs given densely at n = 64-512 (B=1 H=8 D=64), and 1.6-6.2x its fp32 "
+                    "forward+backward from n = 128 with the first two (a tie, 0.94-1.08x, with the random half) "
+                    f"({ZEN3})"),
+    "dense": ("a dense bool mask on a CPU without AVX-512: the compiled kernel reads it as bits, a 64-bit word at a "
+              "time, within each row's range of allowed keys, and measured 1.0-1.1x the sdpa backend's fp32 and "
+              "bf16 forward and 2.3-2.4x fp16 with a random half of the pairs (no empty tiles to skip), 1.9-3.3x "
+              "with causal key padding and 5.8-12x with 8 documents, each given densely, at n = 1024 and 4096 "
+              f"(B=1 H=8 D=64; {ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
                f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),

@@ -108,10 +108,13 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
                         "path" + _class_note(req))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         if sdpa_ok and "native" in runnable and _small_native_avx2(req):
-            return "native", AVX2_MEASURED["small masked"]
+            dense = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
+            return "native", AVX2_MEASURED["small dense" if dense else "small masked"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
+        if no_bf16_gemm() and req.bias is None and "native" in runnable:     # level or faster, few empty tiles or many
+            return "native", AVX2_MEASURED["dense"]
         skip = skippable(req)
         if skip is None:
             return "sdpa", IN_GRAPH_WHY["dense"]
@@ -277,11 +280,11 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: in
 def _small_native_avx2(req: AttentionRequest) -> bool:
     """Does a request with a mask or bias below SMALL_PROBLEM scores take the compiled kernel on this CPU? On a CPU
     without AVX-512, with the kinds measured there (AVX2_SMALL_TRAIN_FROM): masks whose every part has an interval
-    form (``Mask.row_spans``: causal, window, padding, documents) and no bias or a structured one. Not a dense
-    mask or bias, nor a block layout, which the kernel reads as bits: not measured."""
+    form (``Mask.row_spans``: causal, window, padding, documents) or is a dense bool mask (read as bits, each row
+    within its range), and no bias or a structured one. Not a dense bias, nor a block layout: not measured."""
     if not no_bf16_gemm() or isinstance(req.bias, Tensor):
         return False
-    if any(type(p).row_spans is Mask.row_spans for p in mask_parts(req.mask)):
+    if any(type(p).row_spans is Mask.row_spans and not isinstance(p, DenseMask) for p in mask_parts(req.mask)):
         return False
     return not req.needs_grad or req.shape.L * req.shape.S >= AVX2_SMALL_TRAIN_FROM
 
