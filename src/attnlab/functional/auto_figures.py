@@ -150,15 +150,15 @@ AVX2_MEASURED = {
                      "H=12), 1.2-1.8x decoding 1 or 16 queries over 64-4096 padded keys (fp32, bf16), and 1.2-5.9x "
                      f"the fp32 forward+backward from n = 128 ({ZEN3})"),
     "small dense": ("a dense bool mask below 512^2 scores on a CPU without AVX-512: the compiled kernel reads it "
-                    "as bits within each row's range of allowed keys, and measured 1.1-6.4x the sdpa backend's fp32 "
-                    "forward, 1.0-5.0x bf16 and 1.7-11x fp16 with causal key padding, 8 documents or a random half "
-                    "of the pairs given densely at n = 64-512 (B=1 H=8 D=64), and 1.6-6.2x its fp32 "
-                    "forward+backward from n = 128 with the first two (a tie, 0.94-1.08x, with the random half) "
-                    f"({ZEN3})"),
+                    "as bits within each row's range of allowed keys, and measured 1.1-6.5x the sdpa backend's fp32 "
+                    "forward, 1.0-5.1x bf16 and 1.8-11x fp16 with causal key padding, 8 documents or a random half "
+                    "of the pairs given densely at n = 64-512 (B=1 H=8 D=64), and 1.6-6.4x its fp32 "
+                    "forward+backward from n = 128 with the first two (a tie, 0.94-1.10x in two runs, with the "
+                    f"random half) ({ZEN3})"),
     "dense": ("a dense bool mask on a CPU without AVX-512: the compiled kernel reads it as bits, a 64-bit word at a "
-              "time, within each row's range of allowed keys, and measured 1.0-1.1x the sdpa backend's fp32 and "
-              "bf16 forward and 2.3-2.4x fp16 with a random half of the pairs (no empty tiles to skip), 1.9-3.3x "
-              "with causal key padding and 5.8-12x with 8 documents, each given densely, at n = 1024 and 4096 "
+              "time, within each row's range of allowed keys, and measured 0.96-1.12x the sdpa backend's fp32 and "
+              "bf16 forward and 2.3-2.4x fp16 with a random half of the pairs (no empty tiles to skip), 1.9-3.4x "
+              "with causal key padding and 5.7-12x with 8 documents, each given densely, at n = 1024 and 4096 "
               f"(B=1 H=8 D=64; {ZEN3})"),
     "masked": ("measured 1.2-1.4x torch SDPA's fp32 forward (given the dense mask or bias) with key padding, "
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
