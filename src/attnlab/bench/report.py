@@ -70,8 +70,10 @@ def _footer(report: dict) -> list[str]:
              f"{meta['ratios']}",
              "masks: " + "; ".join(f"{k} = {v}" for k, v in meta["mask_kinds"].items() if k in used)
              + (f" [W={c.get('window')}, docs={c.get('docs')}]" if used & {"window", "documents"} else ""),
-             "contestants: attnlab backends get the structured mask; torch-sdpa gets the dense mask "
-             "(built untimed); flex = torch.compile(flex_attention) with an untimed BlockMask"]
+             "contestants: attnlab backends get the structured mask"
+             + (" (for 'dense', masks.dense of the bool tensor)" if "dense" in used else "")
+             + "; torch-sdpa gets the dense mask (built untimed); flex = torch.compile(flex_attention) with an "
+             "untimed BlockMask"]
     src = meta.get("attnlab_source") or {}
     if src.get("commit"):
         lines.append(f"attnlab source: {src['commit'][:10]}" + (" + uncommitted changes" if src.get("dirty") else ""))
