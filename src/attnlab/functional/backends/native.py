@@ -156,7 +156,7 @@ def _mask_args(mask: Mask, L: int, S: int) -> tuple[Optional[Tensor], Optional[T
         for part in rest[1:]:
             allowed = allowed & part.dense(L, S)
         bits = pack_bits(allowed.expand(-1, -1, L, S))                  # (Bb, Hb, L, W)
-        if L > 0 and S > 0:
+        if L > 0 and S > 0 and not torch.compiler.is_compiling():     # (inductor miscompiles its int32 -> int64)
             ranges = bit_spans(bits)                  # each row's range: the chunks outside it are skipped
             spans = ranges if spans is None else intersect_spans(spans, ranges)
     if spans is not None:
@@ -199,9 +199,7 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
             int(tile_q or dq), int(tile_k or dk))
     # q, k, v with any strides: the kernel copies only what it cannot read (csrc/bindings.cpp, readable)
     out, lse = run_forward(q, k, v, bias_t, spans, bits, args)
-    if out.dtype != q.dtype:              # fp16: rounded once, outside the Function (native_ops._computed)
-        out = out.to(q.dtype)
-    return out, lse
+    return out.to(q.dtype), lse           # fp16: rounded once, outside the Function (native_ops._computed)
 
 
 def _planned_args(mask: Optional[Mask], dtype: torch.dtype, L: int, S: int):
