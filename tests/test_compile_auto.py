@@ -97,8 +97,8 @@ def test_auto_compiles_as_one_graph_and_chooses_as_eager(cls, case, dynamic, rec
         _check(kw, dtype, grad, dynamic)
         in_graph = recorded[0]
         eager, _ = auto_rule.pick(make_request(*_inputs(dtype, grad), **kw))
-        if case == "dense" and cls not in auto_rule.NO_BF16_GEMM:
-            assert in_graph == "sdpa"                # IN_GRAPH_WHY["dense"]; without AVX-512 the kernel, as eager
+        if case == "dense":
+            assert in_graph == "sdpa"                # IN_GRAPH_WHY["dense"], ["dense without avx512"]
         elif not (cls == "amx" and dtype == torch.bfloat16 and not grad and "mask" in kw):
             assert in_graph == eager, f"{dtype} grad={grad}: {in_graph} in the graph, {eager} eager"
 

@@ -178,6 +178,9 @@ IN_GRAPH = "inside a torch.compile graph, which may not branch on the mask's con
 IN_GRAPH_WHY = {
     "dense": (f"a dense mask {IN_GRAPH}: SDPA's fused kernel applies it faster than tiling can skip unless "
               f"{MIN_SKIPPABLE:.0%} of the tiles are empty"),
+    "dense without avx512": (f"a dense mask {IN_GRAPH}: the compiled kernel wins on a CPU without AVX-512 with the "
+                             "mask's bits and each row's range of keys kept with the mask, and a graph would pack "
+                             "the bits again on every call, without the ranges (inductor miscompiles them)"),
     "bf16 tiles": (f"bf16 inference with a mask {IN_GRAPH}: the compiled kernel wins only from "
                    f"{TILES_BF16_MIN_SKIPPABLE:.0%} of the tiles empty ({AMX_MEASURED['bf16 tiles']})"),
 }

@@ -114,6 +114,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
         if no_bf16_gemm() and req.bias is None and "native" in runnable:     # level or faster, few empty tiles or many
+            if torch.compiler.is_compiling():
+                return "sdpa", IN_GRAPH_WHY["dense without avx512"]
             return "native", AVX2_MEASURED["dense"]
         skip = skippable(req)
         if skip is None:
@@ -281,10 +283,13 @@ def _small_native_avx2(req: AttentionRequest) -> bool:
     """Does a request with a mask or bias below SMALL_PROBLEM scores take the compiled kernel on this CPU? On a CPU
     without AVX-512, with the kinds measured there (AVX2_SMALL_TRAIN_FROM): masks whose every part has an interval
     form (``Mask.row_spans``: causal, window, padding, documents) or is a dense bool mask (read as bits, each row
-    within its range), and no bias or a structured one. Not a dense bias, nor a block layout: not measured."""
+    within its range; not inside a torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a
+    dense bias, nor a block layout: not measured."""
     if not no_bf16_gemm() or isinstance(req.bias, Tensor):
         return False
-    if any(type(p).row_spans is Mask.row_spans and not isinstance(p, DenseMask) for p in mask_parts(req.mask)):
+    dense_ok = not torch.compiler.is_compiling()     # a graph packs a dense mask's bits again on every call
+    if any(type(p).row_spans is Mask.row_spans and not (dense_ok and isinstance(p, DenseMask))
+           for p in mask_parts(req.mask)):
         return False
     return not req.needs_grad or req.shape.L * req.shape.S >= AVX2_SMALL_TRAIN_FROM
 
