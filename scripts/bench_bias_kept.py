@@ -15,7 +15,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.cases import DTYPES
+from attnlab.bench.cases import DTYPES, Case
+from attnlab.bench.contestants import timed_step
 from attnlab.functional import attention
 from attnlab.measure.machine import write_script_result
 from attnlab.measure.timing import time_interleaved
@@ -34,17 +35,6 @@ def keeping(on: bool):
         yield
     finally:
         AlibiBias.kept_key = real
-
-
-def step(fn, q, k, v, grad: bool):
-    """One timed call: the forward, or forward and backward with a fixed output gradient."""
-    if not grad:
-        with torch.no_grad():
-            return fn()
-    out = fn()
-    out.backward(torch.ones_like(out))
-    for x in (q, k, v):
-        x.grad = None
 
 
 def main() -> None:
@@ -76,7 +66,8 @@ def main() -> None:
                     return call
                 fns = [lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
                        ours("native", True), ours("native", False), ours("auto", True), ours("auto", False)]
-                timed = [lambda f=f: step(f, q, k, v, grad) for f in fns]
+                case = Case("alibi", n, dtype, mode)
+                timed = [timed_step(case, q, k, v, f) for f in fns]            # the bench's own timed step
                 for fn in timed:
                     fn()                                                             # warm-up
                 ms = [1e3 * statistics.median(t) for t in time_interleaved(timed, args.rounds)]

@@ -16,7 +16,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench.cases import DTYPES
+from attnlab.bench.cases import DTYPES, Case
+from attnlab.bench.contestants import timed_step
 from attnlab.functional import attention, masks
 from attnlab.measure.machine import write_script_result
 from attnlab.measure.timing import time_interleaved
@@ -32,18 +33,11 @@ def dense_masks(n: int) -> dict:
             "random": torch.rand(1, 1, n, n, generator=g) > 0.5}
 
 
-def looped(fn, q, k, v, grad: bool, calls: int):
-    """``calls`` calls of fn: forward only, or forward and backward with a fixed output gradient."""
+def looped(step, calls: int):
+    """``calls`` calls of a timed step (``bench.contestants.timed_step``: the forward, or forward and backward)."""
     def run():
         for _ in range(calls):
-            if not grad:
-                with torch.no_grad():
-                    fn()
-                continue
-            out = fn()
-            out.backward(torch.ones_like(out))
-            for x in (q, k, v):
-                x.grad = None
+            step()
     return run
 
 
@@ -69,7 +63,8 @@ def main() -> None:
                     m = masks.dense(allowed)
                     fns = [lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)] + [
                         lambda b=b: attention(q, k, v, mask=m, backend=b) for b in CONTESTANTS[1:]]
-                    timed = [looped(f, q, k, v, grad, calls) for f in fns]
+                    case = Case("dense", n, dtype, mode)
+                    timed = [looped(timed_step(case, q, k, v, f), calls) for f in fns]
                     for fn in timed:
                         fn()                                                         # warm-up, plans made
                     ms = [1e3 * statistics.median(t) / calls for t in time_interleaved(timed, args.rounds)]

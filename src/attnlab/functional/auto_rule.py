@@ -106,12 +106,11 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
             return "native", why
         return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
                         "path" + _class_note(req))
+    elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         if sdpa_ok and "native" in runnable and _small_native_avx2(req):
-            dense = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
-            return "native", AVX2_MEASURED["small dense" if dense else "small masked"]
+            return "native", AVX2_MEASURED["small dense" if elementwise else "small masked"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
-    elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
         if no_bf16_gemm() and req.bias is None and "native" in runnable:     # level or faster, few empty tiles or many
             if torch.compiler.is_compiling():
