@@ -180,3 +180,51 @@ def test_a_dense_mask_keeps_its_plans_across_calls(backend, monkeypatch):
     want = al.attention(q, k, v, mask=masks.dense(allowed.clone()), backend="reference")
     torch.testing.assert_close(got, want)
     assert not torch.allclose(got, first)
+
+
+@pytest.mark.parametrize("backend", ["native", "sdpa", "auto"])
+def test_a_bool_tensor_passed_as_mask_plans_once(backend, monkeypatch):
+    """``mask=t`` with a raw bool tensor, in every call, is one ``DenseMask`` per tensor object: planned on the
+    first call only. An in-place edit, a ``set_`` to other memory, and a view are each seen (a new plan)."""
+    if backend != "auto" and backend not in al.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 80, 16, generator=g) for _ in range(3))
+    allowed = torch.rand(1, 1, 80, 80, generator=g) > 0.4
+    allowed[..., 0] = True
+    assert masks.dense(allowed) is masks.dense(allowed)
+    DenseMask = type(masks.dense(allowed))
+    seen = []
+    real = DenseMask.dense
+    monkeypatch.setattr(DenseMask, "dense", lambda self, *a: seen.append(1) or real(self, *a))
+    first = al.attention(q, k, v, mask=allowed, backend=backend)
+    once = len(seen)
+    al.attention(q, k, v, mask=allowed, backend=backend)
+    assert once > 0 and len(seen) == once, seen
+
+    def want(t):
+        return al.attention(q, k, v, mask=t.clone(), backend="reference")
+    allowed[..., 30:] = False                                             # edited in place
+    torch.testing.assert_close(al.attention(q, k, v, mask=allowed, backend=backend), want(allowed))
+    other = torch.rand(1, 1, 80, 80, generator=g) > 0.7
+    other[..., 1] = True
+    allowed.set_(other)                                                   # the same object over other memory
+    torch.testing.assert_close(al.attention(q, k, v, mask=allowed, backend=backend), want(other))
+    assert not torch.allclose(al.attention(q, k, v, mask=allowed, backend=backend), first)
+    view = other[:, :, :, :]                                              # a view: its own mask, the same values
+    torch.testing.assert_close(al.attention(q, k, v, mask=view, backend=backend), want(other))
+
+
+def test_a_wrapped_tensor_is_forgotten_with_the_tensor():
+    """The table of wrapped tensors keeps no tensor alive: its entry goes when the caller's tensor does, and an
+    id reused by a new tensor is a new mask."""
+    from attnlab.functional import masks as masks_module
+    t = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    m = masks.dense(t)
+    key = id(t)
+    assert key in masks_module._WRAPPED
+    del t
+    assert key not in masks_module._WRAPPED
+    assert m.allowed.all()                                                # the mask given out still holds its alias
+    u = torch.zeros(1, 1, 8, 8, dtype=torch.bool)
+    assert masks.dense(u) is not m and not masks.dense(u).allowed.any()

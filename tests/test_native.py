@@ -109,6 +109,34 @@ def test_dense_rows_classified_and_masked_a_word_at_a_time(spans):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tile_k", [None, 8], ids=["chunks512", "chunks8"])
+def test_unset_bits_masked_in_reduced_precision(dtype, tile_k):
+    """Reduced precisions accumulate in float (the word-wise test above runs in double): rows whose range starts
+    at every offset of a word, with random holes, one hole at each of 16 neighbouring keys, and chunks shorter
+    than a word; outputs and gradients against the float64 reference (a hole read as allowed, or the reverse,
+    moves them by far more than the tolerance)."""
+    L, S = 80, 203
+    g = torch.Generator().manual_seed(5)
+    allowed = torch.rand(1, 1, L, S, generator=g) > 0.3                     # (1, 1, L, S) random holes
+    for r in range(L):
+        allowed[..., r, : r] = False                                       # row r's range starts at key r
+        allowed[..., r, r] = True
+    for r in range(40, 56):
+        allowed[..., r, 64:] = True
+        allowed[..., r, 64 + (r - 40)] = False                             # one hole at each of 16 keys
+    mask = masks.dense(allowed)
+    q, k, v = leaves((1, 2, L, 16), (1, 2, S, 16), (1, 2, S, 8), seed=7)
+    want = al.attention(q, k, v, mask=mask, backend="reference", scale=0.25)
+    want_grads = torch.autograd.grad(want, (q, k, v), torch.ones_like(want))
+    qs, ks, vs = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out = native_attention(qs, ks, vs, mask=mask, scale=0.25, tile_k=tile_k)
+    grads = torch.autograd.grad(out, (qs, ks, vs), torch.ones_like(out))
+    tol = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]
+    for got, w in zip([out, *grads], [want, *want_grads]):
+        torch.testing.assert_close(got.double(), w, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("little_endian", [True, False], ids=["numpy_packbits", "torch_fallback"])
 @pytest.mark.parametrize("S", [130, 128, 1])
 def test_pack_bits_round_trip_across_word_edges(S, little_endian, monkeypatch):
