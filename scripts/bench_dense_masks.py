@@ -4,7 +4,8 @@
 The masks, each given to attnlab as ``masks.dense(bool tensor)`` (one object across the calls, as a model passes
 one mask to every layer), or with ``--given tensor`` as the bool tensor itself in every call (as PyTorch code
 passes ``attn_mask``): causal key padding (3n/4 real keys, as Hugging Face models build their masks), 8 packed
-documents, and a random half of the pairs (no structure: every row masked key by key). B=1 H=8 D=64.
+documents, a random half of the pairs (no structure: every row masked key by key), and a random eighth of them
+(``random 1/8``: few keys masked per word). B=1 H=8 D=64.
 
     python scripts/bench_dense_masks.py --n 64 128 256 512 --dtype float32 bfloat16 float16 --mode fwd fwdbwd \\
         --json docs/bench-results-avx2-small-dense.json
@@ -31,7 +32,8 @@ def dense_masks(n: int) -> dict:
     g = torch.Generator().manual_seed(n)
     return {"causal&padding": (masks.causal() & masks.padding(torch.tensor([3 * n // 4]))).dense(n, n),
             "documents": masks.documents(torch.arange(n) * 8 // n).dense(n, n),
-            "random": torch.rand(1, 1, n, n, generator=g) > 0.5}
+            "random": torch.rand(1, 1, n, n, generator=g) > 0.5,
+            "random 1/8": torch.rand(1, 1, n, n, generator=g) > 0.125}
 
 
 def looped(step, calls: int):

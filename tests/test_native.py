@@ -112,10 +112,11 @@ def test_dense_rows_classified_and_masked_a_word_at_a_time(spans):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tile_k", [None, 8], ids=["chunks512", "chunks8"])
 def test_unset_bits_masked_in_reduced_precision(dtype, tile_k):
-    """Reduced precisions accumulate in float (the word-wise test above runs in double): rows whose range starts
-    at every offset of a word, with random holes, one hole at each of 16 neighbouring keys, and chunks shorter
-    than a word; outputs and gradients against the float64 reference (a hole read as allowed, or the reverse,
-    moves them by far more than the tolerance)."""
+    """Reduced precisions accumulate in float, whose words with many unset keys are masked a vector at a time (the
+    word-wise test above runs in double, key by key): rows whose range starts at every offset of a word, with
+    random holes (a whole word holds ~19), one hole at each of 16 neighbouring keys (few: key by key), and chunks
+    shorter than a word; outputs and gradients against the float64 reference (a hole read as allowed, or the
+    reverse, moves them by far more than the tolerance)."""
     L, S = 80, 203
     g = torch.Generator().manual_seed(5)
     allowed = torch.rand(1, 1, L, S, generator=g) > 0.3                     # (1, 1, L, S) random holes

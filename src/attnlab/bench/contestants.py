@@ -60,7 +60,7 @@ def timed_step(case: Case, q: Tensor, k: Tensor, v: Tensor, fwd: Callable[[], Te
             with torch.no_grad():
                 return fwd()
         return step
-    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(q.device, q.dtype)   # CPU or GPU
 
     def step():
         for t in (q, k, v):

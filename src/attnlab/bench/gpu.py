@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ..measure.machine import machine_info
 from ..positional.alibi import alibi_slopes
 from .cases import MASK_KINDS, Case, attnlab_mask, document_ids, flex_mods, sdpa_kwargs, useful_flops
+from .contestants import timed_step
 
 __all__ = ["GpuBenchConfig", "GPU_QUICK", "GPU_KINDS", "CONTESTANTS", "gpu_cases", "run_gpu_bench",
            "evaluate_targets", "format_gpu_table", "from_cli", "DEFAULT_GPU_JSON"]
@@ -147,20 +148,7 @@ def _make_step(name: str, case: Case, q, k, v) -> Callable[[], object]:
                 return compiled(q, k, v, score_mod=score_mod, block_mask=block)
     else:
         raise ValueError(f"unknown GPU contestant {name!r}; choose from {CONTESTANTS}")
-    if case.mode == "fwd":
-        def step():
-            with torch.no_grad():
-                return fwd()
-        return step
-    grad = torch.randn_like(q)
-
-    def step():
-        for t in (q, k, v):
-            t.grad = None                 # don't time gradient accumulation into old .grad
-        out = fwd()
-        out.backward(grad)
-        return out
-    return step
+    return timed_step(case, q, k, v, fwd)
 
 
 def _cuda_timer(rep_ms: int) -> Callable[[Callable[[], object]], float]:

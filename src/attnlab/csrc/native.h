@@ -138,6 +138,9 @@ struct Problem {
   }
 };
 
+// A word with at most this many unset keys masks them one by one (mask_unset_bits).
+constexpr int kFewUnset = 8;
+
 // Bits [lo, hi) of a 64-bit word set (0 <= lo < hi <= 64).
 inline uint64_t bits_between(int64_t lo, int64_t hi) {
   return hi - lo == 64 ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1) << lo;
@@ -237,6 +240,44 @@ inline bool plan_rows(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0
   return any;
 }
 
+// Keys [j, end) (absolute) of one row whose bit in `words` is unset get -inf in s (s[0] is key c0), a 64-bit
+// word at a time. A word with few unset keys sets them one by one (its trailing zeros); a whole word with many,
+// in float (fp32, bf16 and fp16 accumulate in it), a vector of keys at a time: each lane's bit tested and -inf
+// blended in, without a branch per vector. One by one, a random half of the keys masked cost 10-12% of the
+// forward, the loop's exit mispredicting; a vector per 8 keys with a skip for a vector with none masked cost
+// 4-7% where 1 in 8 are (the skip mispredicting) (Zen 3, n = 1024 and 2048).
+template <typename acc_t>
+inline void mask_unset_bits(const uint64_t* words, int64_t c0, int64_t j, int64_t end, acc_t* s) {
+  const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+  while (j < end) {
+    const int64_t w = j >> 6, lo = j & 63, hi = std::min<int64_t>(64, end - (w << 6));   // bits [lo, hi) of word w
+    j = (w << 6) + hi;
+    uint64_t off = ~words[w] & bits_between(lo, hi);
+    if (off == 0) continue;
+    if constexpr (std::is_same_v<acc_t, float>) {
+      if (hi - lo == 64 && __builtin_popcountll(off) > kFewUnset) {
+        using Vec = at::vec::Vectorized<float>;
+        using IVec = at::vec::Vectorized<int32_t>;
+        constexpr int64_t W = Vec::size();                   // 8 (AVX2) or 16 (AVX-512): a lane per key
+        static_assert(64 % W == 0 && IVec::size() == W, "a word holds whole vectors, a lane per key");
+        alignas(64) static const int32_t lane_bit[16] = {1 << 0, 1 << 1, 1 << 2,  1 << 3,  1 << 4,  1 << 5,
+                                                         1 << 6, 1 << 7, 1 << 8,  1 << 9,  1 << 10, 1 << 11,
+                                                         1 << 12, 1 << 13, 1 << 14, 1 << 15};
+        const IVec lanes = IVec::loadu(lane_bit), zero(0);
+        const Vec minus_inf(ninf);
+        acc_t* row = s + ((w << 6) - c0);
+        for (int64_t g = 0; g < 64; g += W) {
+          const auto set = static_cast<int32_t>((words[w] >> g) & ((uint64_t(1) << W) - 1));
+          const IVec masked = (IVec(set) & lanes) == zero;                     // all ones where unset
+          Vec::blendv(Vec::loadu(row + g), minus_inf, at::vec::cast<float>(masked)).store(row + g);
+        }
+        continue;
+      }
+    }
+    for (; off != 0; off &= off - 1) s[(w << 6) + __builtin_ctzll(off) - c0] = ninf;     // its lowest unset key
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Logits of one row, in place over columns [a, e) of the chunk starting at key c0:
 //   s = scale * q.k  ->  softcap * tanh(s / softcap)  ->  + bias  ->  -inf if masked.
@@ -301,15 +342,7 @@ inline void row_logits(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i
         if (!in) s[j] = ninf;
       }
     }
-    if (pb.bits != nullptr) {
-      const uint64_t* words = pb.row_words(b, h, i);
-      for (int64_t j = c0 + a, end = c0 + e; j < end;) {                 // absolute keys
-        const int64_t w = j >> 6, lo = j & 63, hi = std::min<int64_t>(64, end - (w << 6));
-        for (uint64_t off = ~words[w] & bits_between(lo, hi); off != 0; off &= off - 1)
-          s[(w << 6) + __builtin_ctzll(off) - c0] = ninf;                 // its lowest unset key
-        j = (w << 6) + hi;
-      }
-    }
+    if (pb.bits != nullptr) mask_unset_bits(pb.row_words(b, h, i), c0, c0 + a, c0 + e, s);
   }
 }
 
