@@ -108,8 +108,12 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
                         "path" + _class_note(req))
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
-        if sdpa_ok and "native" in runnable and _small_native_avx2(req):
-            return "native", AVX2_MEASURED["small dense" if elementwise else "small masked"]
+        if sdpa_ok and "native" in runnable and _small_kinds_avx2(req):
+            if not req.needs_grad:
+                return "native", AVX2_MEASURED["small dense" if elementwise else "small masked"]
+            if isinstance(req.bias, StructuredBias) or L * S >= AVX2_SMALL_TRAIN_FROM:
+                return "native", AVX2_MEASURED["small training"]
+            return "sdpa", AVX2_MEASURED["small training tie"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
         if no_bf16_gemm() and req.bias is None and "native" in runnable:     # level or faster, few empty tiles or many
@@ -278,19 +282,19 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: in
     return None
 
 
-def _small_native_avx2(req: AttentionRequest) -> bool:
-    """Does a request with a mask or bias below SMALL_PROBLEM scores take the compiled kernel on this CPU? On a CPU
-    without AVX-512, with the kinds measured there (AVX2_SMALL_TRAIN_FROM): masks whose every part has an interval
-    form (``Mask.row_spans``: causal, window, padding, documents) or is a dense bool mask (read as bits, each row
-    within its range; not inside a torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a
-    dense bias, nor a block layout: not measured."""
+def _small_kinds_avx2(req: AttentionRequest) -> bool:
+    """Is a request with a mask or bias below SMALL_PROBLEM scores of a kind measured for the compiled kernel on this
+    CPU? On a CPU without AVX-512: masks whose every part has an interval form (``Mask.row_spans``: causal, window,
+    padding, documents) or is a dense bool mask (read as bits, each row within its range; not inside a
+    torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a dense bias, nor a block layout:
+    not measured. (With gradients ``pick`` then weighs the size: AVX2_SMALL_TRAIN_FROM.)"""
     if not no_bf16_gemm() or isinstance(req.bias, Tensor):
         return False
     dense_ok = not torch.compiler.is_compiling()     # a graph packs a dense mask's bits again on every call
     if any(type(p).row_spans is Mask.row_spans and not (dense_ok and isinstance(p, DenseMask))
            for p in mask_parts(req.mask)):
         return False
-    return not req.needs_grad or req.shape.L * req.shape.S >= AVX2_SMALL_TRAIN_FROM
+    return True
 
 
 def _class_note(req: AttentionRequest) -> str:
