@@ -347,8 +347,8 @@ def documents(ids) -> Mask:
 def dense(allowed: Tensor) -> Mask:
     """Wrap a bool tensor broadcastable to (B, H, L, S) (True = may attend).
 
-    One mask per tensor object: a bool tensor passed as ``mask=`` to every layer (as PyTorch code and
-    ``nn.MultiheadAttention`` users do) is wrapped by the same ``DenseMask`` on each call, so the kernels'
+    One mask per tensor object: a bool tensor passed as ``mask=`` to every layer (as PyTorch code passes
+    ``attn_mask``) is wrapped by the same ``DenseMask`` on each call, so the kernels'
     plans kept with it (``mask_plan.py``: the packed bits, each row's range, auto's count of empty tiles)
     are built once, not per call: 0.4 ms of a 0.7 ms call at n = 128 on the AMD EPYC Zen 3. The mask holds a
     ``detach()``ed alias of the tensor (the same storage and version counter, so an in-place edit is seen
