@@ -221,10 +221,27 @@ def test_a_wrapped_tensor_is_forgotten_with_the_tensor():
     from attnlab.functional import masks as masks_module
     t = torch.ones(1, 1, 8, 8, dtype=torch.bool)
     m = masks.dense(t)
-    key = id(t)
-    assert key in masks_module._WRAPPED
+    key = (id(t), ("dense",))
+    assert key in masks_module._KEPT
     del t
-    assert key not in masks_module._WRAPPED
+    assert key not in masks_module._KEPT
     assert m.allowed.all()                                                # the mask given out still holds its alias
     u = torch.zeros(1, 1, 8, 8, dtype=torch.bool)
     assert masks.dense(u) is not m and not masks.dense(u).allowed.any()
+
+
+def test_a_value_read_from_a_tensor_is_kept_until_an_edit():
+    """``kept_for(..., reads_values=True)``: the same value while the tensor is unchanged, a new one after an in-place
+    edit; an inference tensor (no version counter) gets a new one every call."""
+    from attnlab.functional.masks import kept_for
+    t = torch.tensor([True, False, True])
+    first = kept_for(t, ("not",), torch.logical_not, reads_values=True)
+    assert kept_for(t, ("not",), torch.logical_not, reads_values=True) is first
+    assert kept_for(t, ("other",), torch.logical_not, reads_values=True) is not first       # per purpose
+    t[1] = True
+    again = kept_for(t, ("not",), torch.logical_not, reads_values=True)
+    assert again is not first and not again.any()
+    with torch.inference_mode():
+        u = torch.tensor([True])
+    assert kept_for(u, ("not",), torch.logical_not, reads_values=True) is not \
+        kept_for(u, ("not",), torch.logical_not, reads_values=True)

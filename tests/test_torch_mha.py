@@ -431,3 +431,27 @@ def test_torch_test_patterns_in_eval_without_grad(name, need_weights):
     if need_weights:
         ok = ~torch.isnan(t_w)
         assert torch.allclose(o_w[ok], t_w[ok], atol=ATOL), f"{name}: weights differ"
+
+
+@pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
+def test_one_bool_mask_tensor_is_one_attnlab_mask_across_calls(which, monkeypatch):
+    """torch's layers pass one mask tensor to every layer: each call hands attention the same inverted tensor (so
+    the same attnlab mask and its kept plans), until the tensor is edited in place, after which the output still
+    follows torch's module."""
+    import attnlab.nn.torch_mha as tm
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(16, 4, batch_first=True)
+    ours = MultiheadAttention.from_torch(theirs)
+    x = torch.randn(2, 12, 16)
+    m = (torch.rand(2, 12) > 0.7) if which == "key_padding_mask" else (torch.rand(12, 12) > 0.7)
+    m[..., 0] = False                                            # no row fully masked (torch gives NaN there)
+    seen = []
+    real = tm.attention
+    monkeypatch.setattr(tm, "attention", lambda *a, **k: seen.append(k["mask"]) or real(*a, **k))
+    for _ in range(2):
+        out = ours(x, x, x, need_weights=False, **{which: m})[0]
+    assert seen[0] is seen[1]
+    m[..., 5] = True                                             # edited in place: a new mask
+    out = ours(x, x, x, need_weights=False, **{which: m})[0]
+    assert seen[2] is not seen[1]
+    torch.testing.assert_close(out, theirs(x, x, x, need_weights=False, **{which: m})[0], atol=ATOL, rtol=RTOL)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -347,39 +347,59 @@ def documents(ids) -> Mask:
 def dense(allowed: Tensor) -> Mask:
     """Wrap a bool tensor broadcastable to (B, H, L, S) (True = may attend).
 
-    One mask per tensor object: a bool tensor passed as ``mask=`` to every layer (as PyTorch code passes
-    ``attn_mask``) is wrapped by the same ``DenseMask`` on each call, so the kernels'
-    plans kept with it (``mask_plan.py``: the packed bits, each row's range, auto's count of empty tiles)
-    are built once, not per call: 0.4 ms of a 0.7 ms call at n = 128 on the AMD EPYC Zen 3. The mask holds a
-    ``detach()``ed alias of the tensor (the same storage and version counter, so an in-place edit is seen
-    and re-planned), and its entry goes when the caller's tensor does.
+    One mask per tensor object (``kept_for``): a bool tensor passed as ``mask=`` to every layer (as PyTorch code
+    passes ``attn_mask``) is wrapped by the same ``DenseMask`` on each call, so the kernels' plans kept with it
+    (``mask_plan.py``: the packed bits, each row's range, auto's count of empty tiles) are built once, not per
+    call: 0.4 ms of a 0.7 ms call at n = 128 on the AMD EPYC Zen 3. The mask holds a ``detach()``ed alias of the
+    tensor (the same storage and version counter, so an in-place edit is seen and re-planned).
 
     >>> t = torch.ones(1, 1, 4, 4, dtype=torch.bool)
     >>> dense(t) is dense(t)
     True
     """
-    if type(allowed) is not Tensor or torch.compiler.is_compiling():
-        return DenseMask(allowed)             # (it raises for a non-tensor; a graph or a subclass keeps no table)
+    return kept_for(allowed, ("dense",), DenseMask, reads_values=False)
+
+
+T = TypeVar("T")
+
+
+def kept_for(t: Tensor, purpose: tuple, build: Callable[[Tensor], T], *, reads_values: bool) -> T:
+    """``build(t.detach())``, kept for the next call with the same live tensor object and ``purpose``.
+
+    The table (by ``id``) holds a weak reference to ``t``, never ``t`` itself: ``build`` gets a ``detach()``ed
+    alias (the same storage and version counter, another object), so an entry never keeps the caller's tensor
+    alive and goes when it does. It is reused only while ``t`` is over the same memory (``set_``, ``resize_`` or
+    ``.data =`` give a new value) and, where ``reads_values`` (the value is computed from ``t``'s entries, not an
+    alias of them), at the same version (an in-place edit gives a new value). Built afresh every call inside a
+    ``torch.compile`` graph, for a tensor subclass, and for a tensor without memory or a version counter of its
+    own (``torch.func``'s batched tensors, inference tensors).
+
+    >>> t = torch.tensor([True, False])
+    >>> kept_for(t, ("not",), torch.logical_not, reads_values=True) is kept_for(t, ("not",), torch.logical_not,
+    ...                                                                          reads_values=True)
+    True
+    """
+    if type(t) is not Tensor or torch.compiler.is_compiling():
+        return build(t)
     try:
-        where = (allowed.data_ptr(), allowed.shape, allowed.stride())
-    except (RuntimeError, NotImplementedError):       # no memory to name (a torch.func-batched tensor): no table
-        return DenseMask(allowed)
-    key = id(allowed)
-    kept = _WRAPPED.get(key)
-    # the same object, still over the same memory (set_, resize_ or .data = would move it)
-    if kept is not None and kept[0]() is allowed and kept[2] == where:
+        where = (t.data_ptr(), t.shape, t.stride(), t._version if reads_values else None)
+    except (RuntimeError, NotImplementedError):       # no memory to name, or no version counter: no table
+        return build(t)
+    key = (id(t), purpose)
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0]() is t and kept[2] == where:
         return kept[1]
-    mask = DenseMask(allowed.detach())
-    _WRAPPED[key] = (weakref.ref(allowed, functools.partial(_forget, key)), mask, where)
-    return mask
+    value = build(t.detach())
+    _KEPT[key] = (weakref.ref(t, functools.partial(_forget, key)), value, where)
+    return value
 
 
-#: id(tensor) -> (weak reference to it, its DenseMask, (data_ptr, shape, stride) when wrapped)
-_WRAPPED: dict = {}
+#: (id(tensor), purpose) -> (weak reference to the tensor, the value kept for it, (data_ptr, shape, stride, version))
+_KEPT: dict = {}
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
-    """The tensor behind ``_WRAPPED[key]`` died: drop its mask (unless the id was already reused for a new one)."""
-    kept = _WRAPPED.get(key)
+def _forget(key: tuple, ref: weakref.ref) -> None:
+    """The tensor behind ``_KEPT[key]`` died: drop its value (unless the id was already reused for a new one)."""
+    kept = _KEPT.get(key)
     if kept is not None and kept[0] is ref:
-        _WRAPPED.pop(key, None)
+        _KEPT.pop(key, None)

@@ -18,6 +18,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from ..functional import attention, available_backends
 from ..functional.dropout import keep_mask, new_seed
+from ..functional.masks import kept_for
 
 __all__ = ["MultiheadAttention"]
 
@@ -240,18 +241,20 @@ class MultiheadAttention(nn.Module):
         mask: bool (N|1, h|1, L, S + extra), True = may attend, or None; bias: float, same shape, or None.
         """
         h = self.num_heads
-        parts = []
+        given = []
         if key_padding_mask is not None:
-            parts.append(key_padding_mask.reshape(N, 1, 1, S))                      # (N, 1, 1, S)
+            given.append((key_padding_mask, (N, 1, 1, S)))
         if attn_mask is not None:
-            parts.append(attn_mask.reshape(1, 1, L, S) if attn_mask.dim() == 2
-                         else attn_mask.reshape(N, h, L, S))                         # (N|1, h|1, L, S)
+            given.append((attn_mask, (1, 1, L, S) if attn_mask.dim() == 2 else (N, h, L, S)))   # (N|1, h|1, L, S)
         mask = bias = None
-        for m in parts:
+        for m, shape in given:
             if m.dtype == torch.bool:
-                mask = ~m if mask is None else mask & ~m
+                # kept per tensor object: torch's layers pass one mask to every layer, and the same tensor here
+                # is the same attnlab mask, whose plans are kept with it (masks.dense)
+                allowed = kept_for(m, ("not", shape), lambda t, shape=shape: ~t.reshape(shape), reads_values=True)
+                mask = allowed if mask is None else mask & allowed
             else:
-                bias = m if bias is None else bias + m
+                bias = m.reshape(shape) if bias is None else bias + m.reshape(shape)
         if extra:   # bias_k and the zero key are always allowed (torch pads its masks with 0 / False)
             mask = None if mask is None else F.pad(mask, (0, extra), value=True)
             bias = None if bias is None else F.pad(bias, (0, extra), value=0.0)
