@@ -435,7 +435,7 @@ def test_torch_test_patterns_in_eval_without_grad(name, need_weights):
 
 @pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
 def test_one_bool_mask_tensor_is_one_attnlab_mask_across_calls(which, monkeypatch):
-    """torch's layers pass one mask tensor to every layer: each call hands attention the same inverted tensor (so
+    """A caller passing one bool mask tensor to every call: each call hands attention the same inverted tensor (so
     the same attnlab mask and its kept plans), until the tensor is edited in place, after which the output still
     follows torch's module."""
     import attnlab.nn.torch_mha as tm

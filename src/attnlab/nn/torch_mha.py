@@ -249,8 +249,8 @@ class MultiheadAttention(nn.Module):
         mask = bias = None
         for m, shape in given:
             if m.dtype == torch.bool:
-                # kept per tensor object: torch's layers pass one mask to every layer, and the same tensor here
-                # is the same attnlab mask, whose plans are kept with it (masks.dense)
+                # kept per tensor object: a caller passing one mask tensor to every call hands attention the
+                # same mask, whose plans are kept with it (masks.dense; torch's own layers pass a float mask)
                 allowed = kept_for(m, ("not", shape), lambda t, shape=shape: ~t.reshape(shape), reads_values=True)
                 mask = allowed if mask is None else mask & allowed
             else:
