@@ -398,12 +398,12 @@ def test_fp16_without_avx512_goes_to_the_compiled_kernel_where_it_measured_faste
 
 def test_without_avx512_small_requests_with_a_structured_mask_or_bias_go_to_the_compiled_kernel(avx2):
     """Below 512^2 scores the kernel, called directly, beat the sdpa backend from n = 64 forward (and decoding one
-    query), with fp32 gradients from n = 96 with a mask and at every size with a structured bias, a dense bool mask
-    too (its own reason). Below 96 with a mask and gradients, a tie: SDPA, saying so. A dense bias and a block layout
+    query), with fp32 gradients from n = 64 with a mask and at every size with a structured bias, a dense bool mask
+    too (its own reason). Below 64 with a mask and gradients: SDPA, saying why. A dense bias and a block layout
     were not measured: SDPA."""
     from attnlab.positional import ALiBi
     from attnlab.functional.auto_rule import AVX2_SMALL_TRAIN_FROM
-    assert AVX2_SMALL_TRAIN_FROM == 96 * 96
+    assert AVX2_SMALL_TRAIN_FROM == 64 * 64
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for L, S in ((64, 64), (512, 512), (1, 4096), (1, 64)):
             q, k = torch.empty(1, 8, L, 64, dtype=dtype), torch.empty(1, 8, S, 64, dtype=dtype)
@@ -414,10 +414,10 @@ def test_without_avx512_small_requests_with_a_structured_mask_or_bias_go_to_the_
                 assert "AMD EPYC Zen 3" in line
     x = torch.empty(1, 8, 64, 64)
     assert al.explain(x, x, x, bias=ALiBi(8).bias()).split("\n")[1].startswith("auto -> native: a structured")
-    for n, want in ((16, "sdpa"), (64, "sdpa"), (95, "sdpa"), (96, "native"), (127, "native"), (512, "native")):
+    for n, want in ((16, "sdpa"), (63, "sdpa"), (64, "native"), (96, "native"), (127, "native"), (512, "native")):
         x = torch.empty(1, 8, n, 64, requires_grad=True)
         line = al.explain(x, x, x, mask=al.masks.padding([n - 1])).split("\n")[1]
-        reason = "with gradients below 512^2" if want == "native" else "with gradients and a mask below 96^2"
+        reason = "with gradients below 512^2" if want == "native" else "with gradients and a mask below 64^2"
         assert line.startswith(f"auto -> {want}: {reason}") and "Zen 3" in line, (n, line)
         line = al.explain(x, x, x, bias=ALiBi(8).bias(), causal=True).split("\n")[1]      # a structured bias: any n
         assert line.startswith("auto -> native: with gradients below 512^2") and "ALiBi" in line, (n, line)
@@ -430,7 +430,7 @@ def test_without_avx512_small_requests_with_a_structured_mask_or_bias_go_to_the_
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             line = al.explain(x.to(dtype), x.to(dtype), x.to(dtype), mask=mask).split("\n")[1]
             assert line.startswith("auto -> native: a dense bool mask below 512^2") and "AMD EPYC Zen 3" in line
-    for n, want in ((64, "sdpa"), (95, "sdpa"), (96, "native"), (128, "native")):
+    for n, want in ((48, "sdpa"), (63, "sdpa"), (64, "native"), (128, "native")):
         x = torch.empty(1, 8, n, 64, requires_grad=True)
         assert f"auto -> {want}" in al.explain(x, x, x, mask=al.masks.dense(torch.rand(n, n) > 0.5)), n
     assert "auto -> sdpa" in al.explain(x, x, x)                                   # no mask: the plain rules

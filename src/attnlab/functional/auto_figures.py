@@ -113,13 +113,12 @@ AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
 # _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too):
 # AVX2_MEASURED["small masked"]. So did a dense bool mask once the kernel read each row's range and masked a word
 # at a time (scripts/bench_dense_masks.py; docs/benchmarks.md, "Issue #27: dense masks"): AVX2_MEASURED["small dense"].
-# fp32 training with a mask from n = 96 (AVX2_SMALL_TRAIN_FROM: 1.10-1.54x at n = 88-112 in four runs, a random dense
-# mask 0.99-1.01 at 96; at 64-80 0.94-1.32x, key padding the weakest at 0.94-1.23, and two earlier runs found 0.91-1.09
-# at 64; 0.82-1.12x at 16-48), and with a structured bias (ALiBi, read from a table) at every size, 1.25-1.66x at
-# n = 16-128 in four runs, where the sdpa backend builds the dense bias: AVX2_MEASURED["small training"]
-# (docs/benchmarks.md, "Issue #27: fp32 training below 128^2").
-# (128^2 until 5 Dec 2026: two earlier runs had found n = 64 a tie; n = 80-112 had not been measured.)
-AVX2_SMALL_TRAIN_FROM = 96 * 96
+# fp32 training with a mask from n = 64 (AVX2_SMALL_TRAIN_FROM: median 1.10x, 0.91-1.32x, at n = 64-80 over 65 rows of
+# seven runs, 1.05-1.54x at 88-112; below, at 16-56, median 0.89x, 0.81-1.16x, in five runs), and with a structured bias
+# (ALiBi, read from a table) at every size, 1.24-1.66x at n = 16-128 in five runs, where the sdpa backend builds the
+# dense bias: AVX2_MEASURED["small training"] (docs/benchmarks.md, "Issue #27: fp32 training below 128^2").
+# (128^2 until 5 Dec 2026: two earlier runs had found n = 64 a tie, 0.91-1.09x; n = 72-112 had not been measured.)
+AVX2_SMALL_TRAIN_FROM = 64 * 64
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
@@ -155,16 +154,15 @@ AVX2_MEASURED = {
                      "H=12), 1.2-1.8x decoding 1 or 16 queries over 64-4096 padded keys (fp32, bf16), and 1.2-5.9x "
                      f"the fp32 forward+backward from n = 128 ({ZEN3})"),
     "small training": ("with gradients below 512^2 scores on a CPU without AVX-512, measured in fp32: the compiled "
-                       "kernel measured 1.10-1.54x the sdpa backend's forward+backward with key padding, a W = 32 "
-                       "window, 4 or 8 documents or causal key padding given densely at n = 88-112 (four runs; "
-                       "1.3-2.0x at 128; a random dense mask 0.99-1.01x at 96), and 1.25-1.66x with ALiBi (a "
-                       "structured bias, read from a table) at n = 16-128 (four runs), where the sdpa backend "
-                       f"builds the dense bias ({ZEN3})"),
-    "small training tie": ("with gradients and a mask below 96^2 scores on a CPU without AVX-512, measured in fp32: "
-                           "a tie between the compiled kernel and the sdpa backend (0.94-1.32x its forward+backward "
-                           "at n = 64-80 in four runs, key padding the weakest at 0.94-1.23x; 0.91-1.09x at 64 in "
-                           "two earlier ones; 0.82-1.12x at n = 16-48 in two runs), left to SDPA "
-                           f"({ZEN3})"),
+                       "kernel measured a median 1.10x (0.91-1.32x) the sdpa backend's forward+backward at n = 64-80 "
+                       "and 1.05-1.54x at 88-112 with key padding, a W = 32 window, 4 or 8 documents or causal key "
+                       "padding given densely (seven runs; 1.3-2.0x at 128; a random dense mask 0.96-1.01x at 64-96 "
+                       "in one), and 1.24-1.66x with ALiBi (a structured bias, read from a table) at n = 16-128 (five "
+                       f"runs), where the sdpa backend builds the dense bias ({ZEN3})"),
+    "small training to sdpa": ("with gradients and a mask below 64^2 scores on a CPU without AVX-512, measured in "
+                               "fp32: the sdpa backend's forward+backward was faster, the compiled kernel a median "
+                               "0.89x (0.81-1.16x) of it at n = 16-56 in five runs "
+                               f"({ZEN3})"),
     "small dense": ("a dense bool mask below 512^2 scores on a CPU without AVX-512: the compiled kernel reads it "
                     "as bits within each row's range of allowed keys, and measured 1.1-6.5x the sdpa backend's fp32 "
                     "forward, 1.0-5.1x bf16 and 1.8-11x fp16 with causal key padding, 8 documents or a random half "

@@ -113,7 +113,7 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
                 return "native", AVX2_MEASURED["small dense" if elementwise else "small masked"]
             if isinstance(req.bias, StructuredBias) or L * S >= AVX2_SMALL_TRAIN_FROM:
                 return "native", AVX2_MEASURED["small training"]
-            return "sdpa", AVX2_MEASURED["small training tie"]
+            return "sdpa", AVX2_MEASURED["small training to sdpa"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
         if no_bf16_gemm() and req.bias is None and "native" in runnable:     # level or faster, few empty tiles or many
