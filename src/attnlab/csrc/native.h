@@ -125,11 +125,9 @@ struct Problem {
 
   int64_t n_qtiles() const { return (L + BQ - 1) / BQ; }
 
-  // The K intervals of query row i (clipped to [0, S)); without spans, one interval [0, S).
-  void row_intervals(int64_t b, int64_t i, const int64_t*& iv, int64_t& n) const {
-    if (spans == nullptr) { iv = nullptr; n = 1; return; }
-    iv = spans + b * spans_sb + i * K * 2;
-    n = K;
+  // The K intervals [lo, hi) of query row i of batch b (spans given), a broadcast batch read at 0.
+  const int64_t* row_spans(int64_t b, int64_t i) const {
+    return spans + (spans_sb ? b : 0) * spans_sb + i * K * 2;
   }
 
   // The words of query row i of (b, h), broadcast dims read at 0.
@@ -160,7 +158,7 @@ inline void tile_key_range(const Problem<acc_t>& pb, int64_t b, int64_t r0, int6
   if (pb.spans == nullptr) { lo = 0; hi = pb.S; return; }
   lo = pb.S; hi = 0;
   for (int64_t i = r0; i < r1; ++i) {
-    const int64_t* iv = pb.spans + b * pb.spans_sb + i * pb.K * 2;
+    const int64_t* iv = pb.row_spans(b, i);
     for (int64_t k = 0; k < pb.K; ++k) {
       int64_t l = std::max<int64_t>(iv[2 * k], 0), h = std::min<int64_t>(iv[2 * k + 1], pb.S);
       if (l < h) { lo = std::min(lo, l); hi = std::max(hi, h); }
@@ -178,7 +176,7 @@ struct KeyWalk {
 template <typename acc_t>
 inline KeyWalk key_walk(const Problem<acc_t>& pb, int64_t b, int64_t r0, int64_t nr, bool tiles16, bool amx) {
   KeyWalk w{};
-  tile_key_range(pb, pb.spans_sb ? b : 0, r0, r0 + nr, w.klo, w.khi);
+  tile_key_range(pb, b, r0, r0 + nr, w.klo, w.khi);
   w.kfirst = w.klo;
   if (tiles16) w.klo = w.klo / 16 * 16;
   if (amx) w.klo = w.klo / 2 * 2;
@@ -190,7 +188,6 @@ inline KeyWalk key_walk(const Problem<acc_t>& pb, int64_t b, int64_t r0, int64_t
 template <typename acc_t>
 inline bool plan_rows(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int64_t nr, int64_t c0,
                       int64_t c1, RowPlan& rp, bool& all_full) {
-  const int64_t bm = pb.spans_sb ? b : 0;
   bool any = false;
   all_full = true;
   for (int64_t r = 0; r < nr; ++r) {
@@ -200,7 +197,7 @@ inline bool plan_rows(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0
     if (pb.spans == nullptr) {
       a = c0; e = c1; nk = 1; full = true;
     } else {
-      const int64_t* iv = pb.spans + bm * pb.spans_sb + i * pb.K * 2;
+      const int64_t* iv = pb.row_spans(b, i);
       for (int64_t k = 0; k < pb.K; ++k) {
         int64_t l = std::max(iv[2 * k], c0), hh = std::min(iv[2 * k + 1], c1);
         if (l < hh) {
@@ -335,7 +332,7 @@ inline void row_logits(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i
     // key by key this loop cost 4-5x the attention itself on a random dense mask (Zen 3, n = 512).
     const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
     if (pb.spans != nullptr && pb.K > 1) {
-      const int64_t* iv = pb.spans + (pb.spans_sb ? b : 0) * pb.spans_sb + i * pb.K * 2;
+      const int64_t* iv = pb.row_spans(b, i);
       for (int64_t j = a; j < e; ++j) {
         bool in = false;
         for (int64_t k = 0; k < pb.K && !in; ++k) in = iv[2 * k] <= c0 + j && c0 + j < iv[2 * k + 1];
