@@ -23,6 +23,10 @@ all mean "build again", never a stale plan. Plans are never built inside a ``tor
 (the backends plan statically there). At most ``MAX_PLANS`` entries per mask, least recently used first
 out (a decode loop asks for a new (L, S) at every step); entries whose parts are gone are dropped.
 
+A tensor the caller passes again and again, rather than a mask (a bool mask given as ``mask=t``, torch's masks
+given to ``nn.MultiheadAttention``), keeps what is made from it the same way, with the tensor object:
+``kept_for`` (``masks.dense(t)`` is one mask per live tensor, so its plans are kept with that mask).
+
 Example::
 
     m = masks.causal() & masks.padding(lengths)
@@ -33,6 +37,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections import OrderedDict
@@ -44,7 +49,7 @@ from torch import Tensor
 from .mask_base import PLANS_ATTR as _ATTR
 from .mask_base import Mask, parts
 
-__all__ = ["planned", "caching", "caching_on", "plan_count", "MAX_PLANS"]
+__all__ = ["planned", "caching", "caching_on", "plan_count", "MAX_PLANS", "kept_for"]
 
 T = TypeVar("T")
 
@@ -209,3 +214,45 @@ def _same(kept: tuple, stamp: tuple) -> bool:
             if t_ref() is not t or version != now:
                 return False
     return True
+
+
+def kept_for(t: Tensor, purpose: tuple, build: Callable[[Tensor], T], *, reads_values: bool) -> T:
+    """``build(t.detach())``, kept for the next call with the same live tensor object and ``purpose``.
+
+    The table (by ``id``) holds a weak reference to ``t``, never ``t`` itself: ``build`` gets a ``detach()``ed
+    alias (the same storage and version counter, another object), so an entry never keeps the caller's tensor
+    alive and goes when it does. It is reused only while ``t`` is over the same memory (``set_``, ``resize_`` or
+    ``.data =`` give a new value) and, where ``reads_values`` (the value is computed from ``t``'s entries, not an
+    alias of them), at the same version (an in-place edit gives a new value). Built afresh every call inside a
+    ``torch.compile`` graph, for a tensor subclass, and for a tensor without memory or a version counter of its
+    own (``torch.func``'s batched tensors, inference tensors).
+
+    >>> t = torch.tensor([True, False])
+    >>> kept_for(t, ("not",), torch.logical_not, reads_values=True) is kept_for(t, ("not",), torch.logical_not,
+    ...                                                                          reads_values=True)
+    True
+    """
+    if type(t) is not Tensor or torch.compiler.is_compiling():
+        return build(t)
+    try:
+        where = (t.data_ptr(), t.shape, t.stride(), t._version if reads_values else None)
+    except (RuntimeError, NotImplementedError):       # no memory to name, or no version counter: no table
+        return build(t)
+    key = (id(t), purpose)
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0]() is t and kept[2] == where:
+        return kept[1]
+    value = build(t.detach())
+    _KEPT[key] = (weakref.ref(t, functools.partial(_forget, key)), value, where)
+    return value
+
+
+#: (id(tensor), purpose) -> (weak reference to the tensor, the value kept for it, (data_ptr, shape, stride, version))
+_KEPT: dict = {}
+
+
+def _forget(key: tuple, ref: weakref.ref) -> None:
+    """The tensor behind ``_KEPT[key]`` died: drop its value (unless the id was already reused for a new one)."""
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0] is ref:
+        _KEPT.pop(key, None)

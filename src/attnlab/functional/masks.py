@@ -32,14 +32,13 @@ Example::
 """
 from __future__ import annotations
 
-import functools
-import weakref
-from typing import Callable, Optional, TypeVar
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .mask_base import AndMask, Mask, parts
+from .mask_plan import kept_for
 from .patterns import bigbird, block_sparse, dilated_window, fixed, global_window, strided
 from .tiles import (EMPTY, FULL, PARTIAL, classify, dense_tile_kinds, intersect_spans, interval_kinds, interval_spans,
                     tile_bounds, tile_reduce)
@@ -358,48 +357,3 @@ def dense(allowed: Tensor) -> Mask:
     True
     """
     return kept_for(allowed, ("dense",), DenseMask, reads_values=False)
-
-
-T = TypeVar("T")
-
-
-def kept_for(t: Tensor, purpose: tuple, build: Callable[[Tensor], T], *, reads_values: bool) -> T:
-    """``build(t.detach())``, kept for the next call with the same live tensor object and ``purpose``.
-
-    The table (by ``id``) holds a weak reference to ``t``, never ``t`` itself: ``build`` gets a ``detach()``ed
-    alias (the same storage and version counter, another object), so an entry never keeps the caller's tensor
-    alive and goes when it does. It is reused only while ``t`` is over the same memory (``set_``, ``resize_`` or
-    ``.data =`` give a new value) and, where ``reads_values`` (the value is computed from ``t``'s entries, not an
-    alias of them), at the same version (an in-place edit gives a new value). Built afresh every call inside a
-    ``torch.compile`` graph, for a tensor subclass, and for a tensor without memory or a version counter of its
-    own (``torch.func``'s batched tensors, inference tensors).
-
-    >>> t = torch.tensor([True, False])
-    >>> kept_for(t, ("not",), torch.logical_not, reads_values=True) is kept_for(t, ("not",), torch.logical_not,
-    ...                                                                          reads_values=True)
-    True
-    """
-    if type(t) is not Tensor or torch.compiler.is_compiling():
-        return build(t)
-    try:
-        where = (t.data_ptr(), t.shape, t.stride(), t._version if reads_values else None)
-    except (RuntimeError, NotImplementedError):       # no memory to name, or no version counter: no table
-        return build(t)
-    key = (id(t), purpose)
-    kept = _KEPT.get(key)
-    if kept is not None and kept[0]() is t and kept[2] == where:
-        return kept[1]
-    value = build(t.detach())
-    _KEPT[key] = (weakref.ref(t, functools.partial(_forget, key)), value, where)
-    return value
-
-
-#: (id(tensor), purpose) -> (weak reference to the tensor, the value kept for it, (data_ptr, shape, stride, version))
-_KEPT: dict = {}
-
-
-def _forget(key: tuple, ref: weakref.ref) -> None:
-    """The tensor behind ``_KEPT[key]`` died: drop its value (unless the id was already reused for a new one)."""
-    kept = _KEPT.get(key)
-    if kept is not None and kept[0] is ref:
-        _KEPT.pop(key, None)

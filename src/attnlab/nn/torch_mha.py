@@ -18,7 +18,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from ..functional import attention, available_backends
 from ..functional.dropout import keep_mask, new_seed
-from ..functional.masks import kept_for
+from ..functional.mask_plan import kept_for
 
 __all__ = ["MultiheadAttention"]
 
@@ -254,7 +254,8 @@ class MultiheadAttention(nn.Module):
                 allowed = kept_for(m, ("not", shape), lambda t, shape=shape: ~t.reshape(shape), reads_values=True)
                 mask = allowed if mask is None else mask & allowed
             else:
-                bias = m.reshape(shape) if bias is None else bias + m.reshape(shape)
+                b = m.reshape(shape)
+                bias = b if bias is None else bias + b
         if extra:   # bias_k and the zero key are always allowed (torch pads its masks with 0 / False)
             mask = None if mask is None else F.pad(mask, (0, extra), value=True)
             bias = None if bias is None else F.pad(bias, (0, extra), value=0.0)
