@@ -148,16 +148,22 @@ def test_the_sdpa_backend_densifies_a_mask_once_per_size():
     assert plan_count(m) == 1
 
 
+def _random_dense_problem(backend: str, g: torch.Generator, n: int, p: float):
+    """q, k, v (1, 2, n, 16) and a (1, 1, n, n) bool mask masking a share ``p`` of the pairs at random (key 0 always
+    allowed, so no row is empty), drawn from ``g``; skips where ``backend`` is not built here."""
+    if backend != "auto" and backend not in al.available_backends():
+        pytest.skip(f"{backend} is not available here")
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(3))
+    allowed = torch.rand(1, 1, n, n, generator=g) > p                  # (1, 1, n, n)
+    allowed[..., 0] = True
+    return q, k, v, allowed
+
+
 @pytest.mark.parametrize("backend", ["native", "tiled", "sparse", "sdpa", "auto"])
 def test_a_dense_mask_keeps_its_plans_across_calls(backend, monkeypatch):
     """``masks.dense(t)`` passed to every call plans once: the request keeps the mask object (moving it to q's
     device, where it already is, is the mask itself), for ``&`` with it too. An in-place edit of ``t`` is seen."""
-    if backend != "auto" and backend not in al.available_backends():
-        pytest.skip(f"{backend} is not available here")
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 96, 16, generator=g) for _ in range(3))
-    allowed = torch.rand(1, 1, 96, 96, generator=g) > 0.3
-    allowed[..., 0] = True
+    q, k, v, allowed = _random_dense_problem(backend, torch.Generator().manual_seed(0), n=96, p=0.3)
     m = masks.dense(allowed)
     assert m.to(q.device) is m and (masks.causal() & m).to(q.device).b is m
     DenseMask = type(m)
@@ -186,12 +192,8 @@ def test_a_dense_mask_keeps_its_plans_across_calls(backend, monkeypatch):
 def test_a_bool_tensor_passed_as_mask_plans_once(backend, monkeypatch):
     """``mask=t`` with a raw bool tensor, in every call, is one ``DenseMask`` per tensor object: planned on the
     first call only. An in-place edit, a ``set_`` to other memory, and a view are each seen (a new plan)."""
-    if backend != "auto" and backend not in al.available_backends():
-        pytest.skip(f"{backend} is not available here")
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 2, 80, 16, generator=g) for _ in range(3))
-    allowed = torch.rand(1, 1, 80, 80, generator=g) > 0.4
-    allowed[..., 0] = True
+    q, k, v, allowed = _random_dense_problem(backend, g, n=80, p=0.4)
     assert masks.dense(allowed) is masks.dense(allowed)
     DenseMask = type(masks.dense(allowed))
     seen = []
@@ -218,13 +220,13 @@ def test_a_bool_tensor_passed_as_mask_plans_once(backend, monkeypatch):
 def test_a_wrapped_tensor_is_forgotten_with_the_tensor():
     """The table of wrapped tensors keeps no tensor alive: its entry goes when the caller's tensor does, and an
     id reused by a new tensor is a new mask."""
-    from attnlab.functional import masks as masks_module
+    from attnlab.functional import mask_plan as kept_module
     t = torch.ones(1, 1, 8, 8, dtype=torch.bool)
     m = masks.dense(t)
     key = (id(t), ("dense",))
-    assert key in masks_module._KEPT
+    assert key in kept_module._KEPT
     del t
-    assert key not in masks_module._KEPT
+    assert key not in kept_module._KEPT
     assert m.allowed.all()                                                # the mask given out still holds its alias
     u = torch.zeros(1, 1, 8, 8, dtype=torch.bool)
     assert masks.dense(u) is not m and not masks.dense(u).allowed.any()
@@ -233,7 +235,7 @@ def test_a_wrapped_tensor_is_forgotten_with_the_tensor():
 def test_a_value_read_from_a_tensor_is_kept_until_an_edit():
     """``kept_for(..., reads_values=True)``: the same value while the tensor is unchanged, a new one after an in-place
     edit; an inference tensor (no version counter) gets a new one every call."""
-    from attnlab.functional.masks import kept_for
+    from attnlab.functional.mask_plan import kept_for
     t = torch.tensor([True, False, True])
     first = kept_for(t, ("not",), torch.logical_not, reads_values=True)
     assert kept_for(t, ("not",), torch.logical_not, reads_values=True) is first
