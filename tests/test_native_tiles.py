@@ -30,8 +30,10 @@ def test_the_tiles_are_in_the_avx512_bf16_build_and_only_there():
 DTYPES = [torch.bfloat16, torch.float32]
 
 
-# (B, H, Hkv, L, S, D, Dv): row tails, S % 16 != 0, GQA, L < S and L > S, D = 128, Dv = 16 / 128
-SHAPES = [(2, 4, 2, 131, 131, 64, 64), (1, 3, 1, 45, 203, 32, 128), (1, 2, 2, 97, 40, 128, 16)]
+# (B, H, Hkv, L, S, D, Dv): row tails, S % 16 != 0, GQA, L < S and L > S, D = 128, Dv = 16 / 128; then the two
+# sides of kPackFromRows (microkernel.h): 63 query rows per kv head (L G) take the BLAS path, 64 the packed tiles
+SHAPES = [(2, 4, 2, 131, 131, 64, 64), (1, 3, 1, 45, 203, 32, 128), (1, 2, 2, 97, 40, 128, 16),
+          (2, 3, 1, 21, 150, 64, 64), (1, 4, 2, 32, 150, 64, 64)]
 MASKS = {
     "none": lambda B, L, S: None,
     "causal": lambda B, L, S: masks.causal(),

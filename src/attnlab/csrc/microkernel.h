@@ -20,6 +20,16 @@ inline bool uses_tiles(const Problem& pb) {
   return tiles_built() && pb.D % 16 == 0 && pb.Dv % 16 == 0 && pb.BK % 16 == 0;
 }
 
+// Packing K and V costs O(S D) per kv head, written to fresh memory on every call, and is paid back only over
+// the query rows that read each head (L G): decoding (few queries over many keys) ran faster on the BLAS path
+// (AMD Zen 4, bf16, L = 1, S = 4096: 0.35 ms with D = 48 there against 0.75 ms packed with D = 64, 3.3 ms when
+// other calls ran between; docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the one build").
+constexpr int64_t kPackFromRows = 64;
+template <typename Problem>
+inline bool packs_for_tiles(const Problem& pb) {
+  return uses_tiles(pb) && pb.L * pb.G >= kPackFromRows;
+}
+
 // bfloat16 K and V of one call, packed once (O(S D)); keys padded with zeros to S16, a multiple of 16.
 // (float32 needs only `groups`, [X][16] floats per group: its `pairs` are plain rows.)
 //   groups: 16 keys at a time, [X/2][16] words -- the second operand of S = Q K^T and dP = dO V^T
