@@ -80,9 +80,9 @@ def test_requests_of_one_kind_share_a_decision_and_other_kinds_do_not():
 
 def test_a_dense_mask_edited_in_place_is_decided_again(monkeypatch):
     """Skippable tiles come from the mask's values: a mask that changes in place must not keep its decision. On a
-    class whose rule weighs them (without AVX-512 a dense mask goes to the kernel whatever its share)."""
-    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
-    monkeypatch.setattr(auto_memo, "cpu_class", lambda: "avx512_bf16")                # the decisions' key
+    class whose rule weighs them (AMX; off AMX a dense mask goes to the kernel whatever its share)."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "amx")
+    monkeypatch.setattr(auto_memo, "cpu_class", lambda: "amx")                        # the decisions' key
     q, k, v = _qkv(1024)
     mask = torch.ones(1024, 1024, dtype=torch.bool)
     req = make_request(q, k, v, mask=mask)

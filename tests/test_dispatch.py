@@ -78,26 +78,34 @@ OTHERS = {
 }
 
 
+@pytest.fixture
+def tiles(monkeypatch):
+    """The compiled kernel's AVX-512 tiles as an AVX512-BF16 build reports them, whatever this machine built."""
+    monkeypatch.setattr(auto_rule, "on_tiles", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
-def test_half_precision_training_without_avx512_takes_the_full_path(cls, dtype, monkeypatch):
-    """Where torch has no fast bf16 or fp16 GEMM (no AVX-512), auto sends bf16 and fp16 with gradients to the
-    compiled kernel at every size: the shortcut must not send them to SDPA (bf16 once did, at n = 64-512: 1.2-8.3x
-    slower; fp16 measured 2.1-13x there)."""
+@pytest.mark.parametrize("cls", ["avx2", "avx512_bf16", "amx"])
+def test_half_precision_training_off_amx_takes_the_full_path(cls, dtype, monkeypatch, tiles):
+    """Off AMX auto sends bf16 and fp16 with gradients to the compiled kernel where it measured faster: without
+    AVX-512 at every size (bf16 once went to SDPA at n = 64-512, 1.2-8.3x slower); on the Zen 4 fp16 from 32^2 scores
+    (FP16_TRAIN_FROM) and bf16 below 512^2 on the tiles. The shortcut must not send those to SDPA; on AMX it does."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-    q, k, v = qkv(L=32, S=32, dtype=dtype)
-    assert api._plain_small(q, k, v, True, None)                          # inference: SDPA on both
-    q.requires_grad_()
-    assert bool(api._plain_small(q, k, v, True, None)) == (cls == "avx512_bf16")
-    with torch.no_grad():
-        assert api._plain_small(q, k, v, True, None)
-    assert auto_rule.pick(make_request(q, k, v, causal=True))[0] == ("sdpa" if cls == "avx512_bf16" else "native")
+    for n, D, kernel in ((32, 16, cls != "amx"), (16, 16, cls == "avx2" or (cls != "amx" and dtype == torch.bfloat16)),
+                         (32, 8, cls == "avx2" or (cls != "amx" and dtype == torch.float16))):   # D = 8: off the tiles
+        q, k, v = qkv(L=n, S=n, D=D, dtype=dtype)
+        q.requires_grad_()
+        assert (api._plain_small(q, k, v, True, None) is None) == kernel, (n, D)
+        with torch.no_grad():
+            assert api._plain_small(q, k, v, True, None)                    # inference at n = 32, 16: SDPA
+        assert auto_rule.pick(make_request(q, k, v, causal=True))[0] == ("native" if kernel else "sdpa"), (n, D)
 
 
-@pytest.mark.parametrize("cls", ["avx2", "avx512_bf16"])
+@pytest.mark.parametrize("cls", ["avx2", "avx512_bf16", "amx"])
 def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monkeypatch):
-    """fp16 inference without AVX-512 goes to the compiled kernel from n = 48 (AVX2_FP16_FROM) or 256 keys
-    (AVX2_FP16_KEYS_FROM), to SDPA below; with AVX-512 to SDPA at every size the shortcut covers."""
+    """fp16 inference off AMX (no fast fp16 GEMM: the Zen 3 and the Zen 4) goes to the compiled kernel from n = 48
+    (AVX2_FP16_FROM) or 256 keys (AVX2_FP16_KEYS_FROM), to SDPA below; on AMX to SDPA at every size the shortcut
+    covers (not measured there)."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
     assert (auto_rule.AVX2_FP16_FROM, auto_rule.AVX2_FP16_KEYS_FROM) == (48 * 48, 256)
     for L, S, kernel in ((32, 32, False), (47, 47, False), (48, 48, True), (128, 128, True), (512, 512, True),
@@ -106,8 +114,20 @@ def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monke
         causal = L == S                                                  # decoding: no mask
         shortcut = api._plain_small(q, k, v, causal, None) is not None
         picked = auto_rule.pick(make_request(q, k, v, causal=causal))[0]
-        assert shortcut == (cls == "avx512_bf16" or not kernel), (L, S)
+        assert shortcut == (cls == "amx" or not kernel), (L, S)
         assert picked == ("sdpa" if shortcut else "native"), (L, S, picked)
+
+
+def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles):
+    """bf16 forward below 512^2 on the Zen 4's tiles: the kernel where queries and keys both number at least 96
+    without a mask, 64 causal (BF16_SMALL_FWD_FROM); below, and decoding, SDPA through the shortcut."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
+    for L, S, causal, kernel in ((64, 64, False, False), (96, 96, False, True), (512, 512, False, True),
+                                 (48, 48, True, False), (64, 64, True, True), (1, 4096, False, False),
+                                 (16, 1024, False, False)):
+        q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16)
+        assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (L, S, causal)
+        assert auto_rule.pick(make_request(q, k, v, causal=causal))[0] == ("native" if kernel else "sdpa")
 
 
 @pytest.mark.parametrize("name", OTHERS)

@@ -124,8 +124,8 @@ def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
     assert "auto -> native" in text and "not sdpa" in text and "not reference" in text
     assert "auto -> native" in al.explain(q, k, v, bias=torch.zeros(1024, 1024))
     small = [t[:, :, :256] for t in (q, k, v)]
-    from attnlab.functional.auto_rule import no_bf16_gemm                  # without AVX-512: measured, the kernel
-    want = "auto -> native" if no_bf16_gemm() and native.why_unavailable() is None else "auto -> sdpa"
+    from attnlab.functional.cpu import cpu_class                            # off AMX: measured, the kernel
+    want = "auto -> native" if cpu_class() != "amx" and native.why_unavailable() is None else "auto -> sdpa"
     assert want in al.explain(*small, mask=al.masks.window(64, 64))
     assert want in al.explain(*small, mask=al.masks.dense(torch.rand(256, 256) > 0.5))      # read as bits
 
@@ -165,12 +165,12 @@ def zen4(monkeypatch):
 
 
 @pytest.mark.parametrize("cls", ["avx512_bf16", "amx", "avx2"])
-def test_auto_weighs_a_dense_masks_empty_tiles_where_avx512_is(cls, monkeypatch):
-    """With AVX-512 a dense mask with little to skip goes to SDPA's fused kernel; without it the kernel, which masks
-    a 64-bit word at a time, measured level or faster however few tiles are empty (AVX2_MEASURED["dense"])."""
+def test_auto_weighs_a_dense_masks_empty_tiles_where_amx_is(cls, monkeypatch):
+    """On AMX a dense mask with little to skip goes to SDPA's fused kernel; off AMX the kernel, which masks a 64-bit
+    word at a time, measured faster however few tiles are empty (the Zen 3's and the Zen 4's "dense" figures)."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
     q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
-    want = "native" if cls == "avx2" else "sdpa"
+    want = "sdpa" if cls == "amx" else "native"
     assert f"auto -> {want}" in al.explain(q, k, v, mask=torch.rand(1024, 1024) > 0.5)
     block_sparse = torch.zeros(1024, 1024, dtype=torch.bool)
     block_sparse[:512, :512] = True
@@ -193,7 +193,8 @@ def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_a
     assert want in al.explain(q, k, v)
     assert want in al.explain(q.requires_grad_(), k, v, causal=True)
     small = [t[:, :, :512].detach() for t in (q, k, v)]
-    assert "auto -> sdpa" in al.explain(*small, causal=True)                           # too small to tile
+    assert "auto -> native: bf16 forward below 512^2" in al.explain(*small, causal=True)   # SDPA's bf16: slower
+    assert "auto -> sdpa" in al.explain(*(t.float() for t in small), causal=True)      # fp32: too small to tile
     big = torch.empty(1, 1, 8192, 64, dtype=torch.bfloat16)
     assert want in al.explain(big, big, big)
     q32 = q.detach().float()                                                           # fp32 on the tiles too
@@ -402,8 +403,8 @@ def test_without_avx512_small_requests_with_a_structured_mask_or_bias_go_to_the_
     too (its own reason). Below 64 with a mask and gradients: SDPA, saying why. A dense bias and a block layout
     were not measured: SDPA."""
     from attnlab.positional import ALiBi
-    from attnlab.functional.auto_rule import AVX2_SMALL_TRAIN_FROM
-    assert AVX2_SMALL_TRAIN_FROM == 64 * 64
+    from attnlab.functional.auto_figures import SMALL_TRAIN_FROM
+    assert SMALL_TRAIN_FROM == 64 * 64
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for L, S in ((64, 64), (512, 512), (1, 4096), (1, 64)):
             q, k = torch.empty(1, 8, L, 64, dtype=dtype), torch.empty(1, 8, S, 64, dtype=dtype)
@@ -436,25 +437,66 @@ def test_without_avx512_small_requests_with_a_structured_mask_or_bias_go_to_the_
     assert "auto -> sdpa" in al.explain(x, x, x)                                   # no mask: the plain rules
 
 
-@pytest.mark.parametrize("cls", ["amx", "avx512_bf16", "avx512"])
-def test_with_avx512_small_masked_requests_stay_on_sdpa(monkeypatch, cls):
-    """Not measured on those classes since the kernel is called directly: the small-problem rule stands."""
-    monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
+def test_on_amx_small_masked_requests_stay_on_sdpa(amx):
+    """Not measured on AMX since the kernel is called directly: the small-problem rule stands."""
     x = torch.empty(1, 8, 256, 64)
     assert al.explain(x, x, x, mask=al.masks.padding([200])).split("\n")[1].startswith("auto -> sdpa: L*S")
 
 
-@pytest.mark.parametrize("cls", ["amx", "avx512_bf16", "avx512"])
-def test_fp16_with_avx512_keeps_sdpa_for_plain_requests_and_says_where_fp16_was_measured(monkeypatch, cls):
-    """No fp16 figure was measured on these classes: a plain fp16 request stays on SDPA, and a masked one goes to
-    the compiled kernel (it went to the Python tiled kernel while the compiled one refused fp16), quoting the one
-    class where fp16 was measured, by name."""
+@pytest.mark.parametrize("cls", ["avx512_bf16", "avx512"])
+def test_on_the_zen4_small_masked_requests_go_to_the_compiled_kernel_by_its_own_figures(monkeypatch, cls):
+    """As on the Zen 3, measured on the Zen 4 (class avx512_bf16; avx512 runs its code): a structured or dense mask
+    below 512^2 goes to the kernel forward at every size, fp32 training from 64^2 scores (SMALL_TRAIN_FROM), each
+    reason quoting the Zen 4; bf16 training below 512^2 on the tiles and fp16 training from 32^2, whatever the mask."""
+    from attnlab.functional.auto_figures import SMALL_TRAIN_FROM
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
+    monkeypatch.setattr("attnlab.functional.auto_rule.on_tiles", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
+    assert SMALL_TRAIN_FROM == 64 * 64
+    x = torch.empty(1, 8, 256, 64)
+    dense = al.masks.dense(torch.rand(256, 256, generator=torch.Generator().manual_seed(0)) > 0.5)
+    for mask, reason in ((al.masks.padding([200]), "a structured mask or bias below"),
+                         (dense, "a dense bool mask below")):
+        line = al.explain(x, x, x, mask=mask).split("\n")[1]
+        assert line.startswith(f"auto -> native: {reason} 512^2") and "AMD Zen 4" in line, line
+    for n, want in ((32, "sdpa"), (63, "sdpa"), (64, "native"), (128, "native")):
+        x = torch.empty(1, 8, n, 64, requires_grad=True)
+        line = al.explain(x, x, x, mask=al.masks.padding([n - 1])).split("\n")[1]
+        assert line.startswith(f"auto -> {want}: with gradients") and "AMD Zen 4" in line, (n, line)
+        for dtype, reason in ((torch.bfloat16, "bf16 with gradients below 512^2"), (torch.float16, "fp16 with")):
+            h = x.detach().to(dtype).requires_grad_()
+            line = al.explain(h, h, h, mask=al.masks.padding([n - 1])).split("\n")[1]
+            assert line.startswith(f"auto -> native: {reason}") and "AMD Zen 4" in line, (n, dtype, line)
+    h = torch.empty(1, 8, 16, 64, dtype=torch.float16, requires_grad=True)         # fp16 below 32^2: SDPA
+    assert al.explain(h, h, h, causal=True).split("\n")[1].startswith("auto -> sdpa")
+
+
+def test_fp16_on_amx_keeps_sdpa_for_plain_requests_and_says_where_fp16_was_measured(amx):
+    """No fp16 figure was measured on AMX (where torch has AVX512-FP16): a plain fp16 request stays on SDPA, and a
+    masked one goes to the compiled kernel (it went to the Python tiled kernel while the compiled one refused
+    fp16), quoting the Zen 4's fp16 figures, by name."""
     x = torch.empty(1, 8, 4096, 64, dtype=torch.float16)
     for kw in ({}, dict(causal=True)):
         assert al.explain(x, x, x, **kw).split("\n")[1].startswith("auto -> sdpa")
+        assert al.explain(x.clone().requires_grad_(), x, x, **kw).split("\n")[1].startswith("auto -> sdpa")
     line = al.explain(x, x, x, mask=al.masks.window(256, 0)).split("\n")[1]
-    assert line.startswith("auto -> native") and "measured on one CPU class only" in line and "Zen 3" in line, line
+    assert line.startswith("auto -> native") and "not measured on a CPU with AMX" in line and "Zen 4" in line, line
+
+
+@pytest.mark.parametrize("cls", ["avx512_bf16", "avx512"])
+def test_fp16_on_the_zen4_goes_to_the_compiled_kernel_where_it_measured_faster(monkeypatch, cls):
+    """The Zen 4 has no AVX512-FP16 either (NO_FP16_GEMM): fp16 forward from n = 48 or 256 keys as on the Zen 3,
+    with gradients from 32^2 scores, masked by the Zen 4's own fp16 figures."""
+    monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
+    for n, kw, want in ((32, {}, "sdpa"), (48, {}, "native: fp16 forward"),
+                        (4096, dict(causal=True), "native: fp16 forward")):
+        x = torch.empty(1, 8, n, 64, dtype=torch.float16)
+        line = al.explain(x, x, x, **kw).split("\n")[1]
+        assert line.startswith(f"auto -> {want}") and (want == "sdpa" or "AMD Zen 4" in line), (n, line)
+    x = torch.empty(1, 8, 4096, 64, dtype=torch.float16, requires_grad=True)
+    assert al.explain(x, x, x).split("\n")[1].startswith("auto -> native: fp16 with gradients")
+    x = x.detach()
+    line = al.explain(x, x, x, mask=al.masks.window(256, 0)).split("\n")[1]
+    assert line.startswith("auto -> native") and "fp16 forward (given the dense mask)" in line and "Zen 4" in line
 
 
 def test_structured_bias_tile_values_and_its_old_name():

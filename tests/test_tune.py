@@ -152,20 +152,22 @@ def test_save_refuses_what_it_could_not_read():
 
 
 @needs_native
-@pytest.mark.parametrize("cls", ["avx512_bf16", "avx2"])
+@pytest.mark.parametrize("cls", ["amx", "avx512_bf16", "avx2"])
 def test_fp16_follows_a_profile_that_measured_it(cls, monkeypatch):
-    """Where no fp16 figure was built in (the Zen 4, the Xeon) a tune is how plain fp16 reaches the kernel; on
-    the avx2 class the profile decides fp16 inference too, and the built-in rule keeps fp16 training (2-13x)."""
+    """Where no fp16 figure was built in (the Xeon with AMX) a tune is how plain fp16 reaches the kernel; off AMX
+    (the Zen 3, the Zen 4) the profile decides fp16 inference too, and the built-in rule keeps fp16 training
+    (2-13x there)."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
     monkeypatch.setattr("attnlab.functional.auto_rule.on_tiles", lambda D, Dv: False)
-    assert pick(_req(1024, dtype=torch.float16))[0] == ("sdpa" if cls == "avx512_bf16" else "native")
+    monkeypatch.setattr("attnlab.functional.auto_rule.on_amx", lambda D, Dv: False)
+    assert pick(_req(1024, dtype=torch.float16))[0] == ("sdpa" if cls == "amx" else "native")
     save_profile([_plain(dtype="float16", n=1024, native=1.0, sdpa=2.0),
                   _plain(dtype="float16", mode="fwdbwd", n=1024, native=2.0, sdpa=1.0)], [])
     name, why = pick(_req(1024, dtype=torch.float16))
     assert name == "native" and "this machine's profile" in why
     q = torch.randn(1, 8, 1024, 64, dtype=torch.float16, requires_grad=True)
     name, why = pick(make_request(q, q, q))
-    assert (name, "this machine's profile" in why) == (("native", False) if cls == "avx2" else ("sdpa", True))
+    assert (name, "this machine's profile" in why) == (("sdpa", True) if cls == "amx" else ("native", False))
 
 
 @needs_native

@@ -50,10 +50,9 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and q.stride()[-1] == 1 and k.stride()[-1] == 1 and v.stride()[-1] == 1
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
-    if (dt is torch.bfloat16 or dt is torch.float16) and auto_rule.no_bf16_gemm():    # without AVX-512: the kernel
-        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():   # for training,
-            return None
-        if dt is torch.float16 and auto_rule.fp16_forward_native(L, S):                   # and fp16 from n = 48
+    if dt is torch.bfloat16 or dt is torch.float16:          # off AMX, where the kernel beats a slow half GEMM
+        grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
+        if auto_rule.half_kernel(dt, L, S, causal is True and L == S, grad, D, D) is not None:
             return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv

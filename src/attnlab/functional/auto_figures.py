@@ -35,11 +35,14 @@ BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 # another (issue #27): each figure auto quotes names the CPU it was measured on.
 ZEN4 = "AMD Zen 4, AVX512-BF16 without AMX, 2 threads"
 XEON_AMX = "Intel Xeon with AMX, 2 threads"
+# Measured again with the one build on 5 Dec 2026 (docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the
+# one build"; 1-2 Dec 2026 before, with -march=native: fp32 1.11-1.20x, 1.11-1.42x, 1.29-1.36x, 1.28-1.68x; bf16
+# 1.69-2.26x, 1.84-2.05x, 1.67-1.89x, 1.78-1.96x).
 TILES_MEASURED = {
-    torch.float32: ("1.11-1.20x SDPA's forward without a mask and 1.11-1.42x with a causal one, 1.29-1.36x and "
-                    f"1.28-1.68x its forward+backward, at n = 1024-16384 ({ZEN4})"),
-    torch.bfloat16: ("1.69-2.26x SDPA's forward without a mask and 1.84-2.05x with a causal one, 1.67-1.89x and "
-                     f"1.78-1.96x its forward+backward, at n = 1024-16384 ({ZEN4})"),
+    torch.float32: ("1.06-1.17x SDPA's forward without a mask and 1.10-1.53x with a causal one at n = 1024-16384, "
+                    f"1.27-1.30x and 1.34-1.71x its forward+backward at n = 1024-4096 ({ZEN4})"),
+    torch.bfloat16: ("1.71-1.85x SDPA's forward without a mask and 1.86-2.25x with a causal one at n = 1024-16384, "
+                     f"1.54-1.63x and 1.67-2.05x its forward+backward at n = 1024-4096 ({ZEN4})"),
 }
 # On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
 # does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
@@ -96,6 +99,10 @@ AMX_MEASURED = {
 #   below n = 8192 (BF16_CAUSAL_NATIVE_BELOW: 1.14x, 1.04x at 1024, 4096; 0.90x at 8192).
 ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
+# fp16: torch's fp16 GEMM needs AVX512-FP16 (oneDNN), which the Zen 4 lacks as the Zen 3 does: 1.0-3.2 GFLOP/s at
+# 256^3-1024^3 on the Zen 4, where its bf16 GEMM ran at 358-427 (5 Dec 2026). The Xeon with AMX has AVX512-FP16
+# (issue #27's /proc/cpuinfo) and was not measured in fp16: its class keeps SDPA's rules there.
+NO_FP16_GEMM = ("avx512_bf16", "avx512", "avx2", "other")
 
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
@@ -113,12 +120,12 @@ AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
 # _direct) beat the sdpa backend at every size measured there, forward from n = 64 (L = 1 decoding too):
 # AVX2_MEASURED["small masked"]. So did a dense bool mask once the kernel read each row's range and masked a word
 # at a time (scripts/bench_dense_masks.py; docs/benchmarks.md, "Issue #27: dense masks"): AVX2_MEASURED["small dense"].
-# fp32 training with a mask from n = 64 (AVX2_SMALL_TRAIN_FROM: median 1.10x, 0.91-1.32x, at n = 64-80 over 65 rows of
+# fp32 training with a mask from n = 64 (SMALL_TRAIN_FROM: median 1.10x, 0.91-1.32x, at n = 64-80 over 65 rows of
 # seven runs, 1.05-1.54x at 88-112; below, at 16-56, median 0.89x, 0.81-1.16x, in five runs), and with a structured bias
 # (ALiBi, read from a table) at every size, 1.24-1.66x at n = 16-128 in five runs, where the sdpa backend builds the
 # dense bias: AVX2_MEASURED["small training"] (docs/benchmarks.md, "Issue #27: fp32 training below 128^2").
 # (128^2 until 5 Dec 2026: two earlier runs had found n = 64 a tie, 0.91-1.09x; n = 72-112 had not been measured.)
-AVX2_SMALL_TRAIN_FROM = 64 * 64
+SMALL_TRAIN_FROM = 64 * 64                # the Zen 4's crossover too (ZEN4_MEASURED["small training"])
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
@@ -180,6 +187,67 @@ AVX2_MEASURED = {
                "1.7-2.3x with ALiBi, 3.1-48x with a W = 256 window and 5.1-9.1x with 8 documents at "
                f"n = 1024-16384, D = 64 and 128 ({ZEN3})"),
 }
+# On the AMD Zen 4 (class avx512_bf16; avx512 runs the same code) the one build, measured again on 5 Dec 2026
+# (docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the one build"), kept the plain rules above (the grid
+# at n = 1024-16384: auto within 5% on 65 of 65) and showed what the Zen 3 had shown: with a mask the kernel wins
+# at every size, and where torch's GEMM of a dtype is slow (fp16 at every size: NO_FP16_GEMM; bf16's backward below
+# 512^2 scores) so does the kernel. ZEN4_MEASURED holds those figures, as AVX2_MEASURED the Zen 3's; auto_rule
+# reads the one of this CPU's class (MEASURED_OFF_AMX).
+ZEN4_MEASURED = {
+    "fp16 training": ("fp16 with gradients on a CPU without AVX512-FP16, where torch's fp16 GEMM (which SDPA's "
+                      "backward calls) is a scalar fallback: the compiled kernel, which computes fp16 as fp32, "
+                      "measured 1.2-12.7x SDPA's forward+backward without a mask or with a causal one at n = 32-512 "
+                      "(0.69-0.87x at n = 16: SDPA), 5.9-11.2x at n = 256-4096, and 2.5-45x with a dense mask at "
+                      f"n = 64-1024, D = 64 ({ZEN4})"),
+    "fp16 forward": ("fp16 forward on a CPU without AVX512-FP16: the compiled kernel, which computes fp16 as fp32, "
+                     "measured 0.93-1.19x SDPA's without a mask or with a causal one at n = 48-64, 2.0-3.4x at "
+                     "n = 96-512 and 1.7-2.2x at n = 1024-4096 (0.50-0.69x at n = 16-32), and 2.1-5.0x with 1 or 16 "
+                     f"queries over 256-4096 keys without a mask, D = 64 ({ZEN4})"),
+    "fp16 masked": ("measured 2.2-2.4x torch SDPA's fp16 forward (given the dense mask) with key padding and "
+                    "5.0-19x with a W = 256 window at n = 1024-4096, 11-88x their forward+backward, and 2.1-2.9x "
+                    f"with a random half or eighth of the pairs given densely at n = 1024-2048, D = 64 ({ZEN4})"),
+    "bf16 small training": ("bf16 with gradients below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): "
+                            "the compiled kernel measured 0.95-1.83x SDPA's forward+backward without a mask (a tie "
+                            "at n = 16-32) and 1.17-2.71x with a causal one at n = 16-512, and 1.3-3.0x the sdpa "
+                            "backend's with key "
+                            "padding, a W = 32 window, 4 documents or a dense mask at n = 16-128 (D = 64; SDPA's "
+                            f"bf16 forward+backward took 2.4-2.9x its fp32 one at n = 64) ({ZEN4})"),
+    "bf16 small forward": ("bf16 forward below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the "
+                           "compiled kernel measured 1.24-1.94x SDPA's without a mask at n = 96-512 (0.82-1.00x at 64) "
+                           f"and 1.17-3.0x with a causal one at n = 64-512 (0.61-1.00x at 48), in two runs, D = 64 "
+                           f"({ZEN4})"),
+    "small masked": ("a structured mask or bias below 512^2 scores: the compiled kernel measured 1.24-5.8x the "
+                     "sdpa backend's fp32 forward, 1.5-7.7x bf16 and 1.7-9.6x fp16 with key padding, a W = 64 window "
+                     "or 8 documents at n = 64-512 (B=1 H=8 D=64), and 1.9-2.7x fp32 with ALiBi, where the sdpa "
+                     f"backend builds the dense bias ({ZEN4})"),
+    "small training": ("with gradients below 512^2 scores, fp32: the compiled kernel measured 1.03-1.84x the sdpa "
+                       "backend's forward+backward at n = 64-128 with key padding, a W = 32 window, 4 documents or "
+                       "causal key padding given densely (two runs), and 1.12-1.70x with ALiBi (a structured bias, "
+                       f"read from a table) at n = 16-128, where the sdpa backend builds the dense bias ({ZEN4})"),
+    "small training to sdpa": ("with gradients and a mask below 64^2 scores, fp32: the sdpa backend's "
+                               "forward+backward was faster or level, the compiled kernel 0.80-0.97x of it at "
+                               f"n = 16-32 and 0.94-1.10x at 48, in two runs ({ZEN4})"),
+    "small dense": ("a dense bool mask below 512^2 scores: the compiled kernel reads it as bits within each row's "
+                    "range of allowed keys, and measured 1.14-7.7x the sdpa backend's fp32 forward, 1.45-9.4x bf16 "
+                    "and 1.22-11x fp16 with causal key padding, 8 documents or a random half or eighth of the pairs "
+                    "given densely at n = 64-512 (B=1 H=8 D=64), 1.11-6.4x its fp32 forward+backward from n = 128 "
+                    f"(1.02-1.15x at 64) ({ZEN4})"),
+    "dense": ("a dense bool mask: the compiled kernel reads it as bits, a 64-bit word at a time, within each row's "
+              "range of allowed keys, and measured 1.18-1.38x the sdpa backend's fp32 forward, 1.86-2.11x bf16 and "
+              "2.06-2.91x fp16 at n = 1024 and 2048 with a random half or eighth of the pairs (no empty tiles to "
+              "skip), 1.34-1.39x fp32 and 1.55-1.73x bf16 forward+backward, and 2.5-13x with causal key padding "
+              f"or 8 documents given densely (B=1 H=8 D=64; {ZEN4})"),
+}
+# fp16 with gradients goes to the kernel from FP16_TRAIN_FROM scores (every size on the Zen 3: not measured below
+# n = 64 there).
+FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
+# bf16 forward without a mask (False) or causal (True) below 512^2 scores on the Zen 4: the kernel where both the
+# queries and the keys number at least this many.
+BF16_SMALL_FWD_FROM = {False: 96, True: 64}
+#: the figures and thresholds of the classes measured off AMX, by class (avx512 runs the avx512_bf16 code, other the
+#: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel
+MEASURED_OFF_AMX = {"avx2": "avx2", "other": "avx2", "avx512_bf16": "avx512_bf16", "avx512": "avx512_bf16"}
+FIGURES = {"avx2": AVX2_MEASURED, "avx512_bf16": ZEN4_MEASURED}
 AMX_BF16_MIN_SKIPPABLE = 0.03
 TILES_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
@@ -193,7 +261,7 @@ IN_GRAPH = "inside a torch.compile graph, which may not branch on the mask's con
 IN_GRAPH_WHY = {
     "dense": (f"a dense mask {IN_GRAPH}: SDPA's fused kernel applies it faster than tiling can skip unless "
               f"{MIN_SKIPPABLE:.0%} of the tiles are empty"),
-    "dense without avx512": (f"a dense mask {IN_GRAPH}: the compiled kernel wins on a CPU without AVX-512 with the "
+    "dense off amx": (f"a dense mask {IN_GRAPH}: the compiled kernel wins on a CPU without AMX with the "
                              "mask's bits and each row's range of keys kept with the mask, and a graph would pack "
                              "the bits again on every call, without the ranges (inductor miscompiles them)"),
     "bf16 tiles": (f"bf16 inference with a mask {IN_GRAPH}: the compiled kernel wins only from "

@@ -21,9 +21,10 @@ from torch import Tensor
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_figures import (
     AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
-    AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_SMALL_TRAIN_FROM, AVX2_TRAIN_FROM,
-    BF16_CAUSAL_NATIVE_BELOW, BF16_MASKED_WHY, IN_GRAPH_WHY, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM,
-    SMALL_PROBLEM, SPARSE_FROM, TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
+    AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
+    BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, IN_GRAPH_WHY, MEASURED_OFF_AMX, MIN_SKIPPABLE,
+    NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_PROBLEM, SMALL_TRAIN_FROM, SPARSE_FROM, TILES_BF16_MIN_SKIPPABLE,
+    TILES_MEASURED, XEON_AMX, ZEN4)
 from .backends.native import on_amx, on_tiles
 from .backends.sdpa import sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -38,11 +39,9 @@ from .profile import TIE, current_plain_steps, current_profile, step_choice
 from .registry import Backend, all_backends
 from .request import AttentionRequest
 
-__all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "SMALL_PROBLEM"]
+__all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "half_kernel", "SMALL_PROBLEM"]
 
 
-# bf16 and fp16 with gradients without AVX-512: the kernel at every size (SDPA's backward runs on the fallback GEMM)
-_HALF_TRAINING = {torch.bfloat16: "bf16 training", torch.float16: "fp16 training"}
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
@@ -53,8 +52,38 @@ def no_bf16_gemm() -> bool:
 
 
 def fp16_forward_native(L: int, S: int) -> bool:
-    """Does plain fp16 inference of L queries over S keys go to the compiled kernel on a CPU without AVX-512?"""
+    """Does plain fp16 inference of L queries over S keys go to the compiled kernel on a CPU without a fast fp16
+    GEMM (measured on the Zen 3 and the Zen 4)?"""
     return L * S >= AVX2_FP16_FROM or S >= AVX2_FP16_KEYS_FROM
+
+
+def _off_amx() -> Optional[str]:
+    """The measured class whose figures and thresholds hold on this CPU where auto sends masked and slow-GEMM
+    requests to the compiled kernel ('avx2': the Zen 3's, 'avx512_bf16': the Zen 4's), None on a CPU with AMX."""
+    return MEASURED_OFF_AMX.get(cpu_class())
+
+
+def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
+    """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys on this CPU, or None:
+    off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (NO_FP16_GEMM), bf16 on a CPU without
+    AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward. With gradients
+    the reason holds whatever the mask (``pick`` asks for a measured kind where it is the small bf16 one); without,
+    for a plain request (no mask, or causal with L == S). ``attention``'s small-request shortcut asks it too."""
+    measured = _off_amx()
+    if measured is None or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    figures, LS = FIGURES[measured], L * S
+    if dtype == torch.float16:
+        if needs_grad:
+            return figures["fp16 training"] if LS >= FP16_TRAIN_FROM[measured] else None
+        return figures["fp16 forward"] if fp16_forward_native(L, S) else None
+    if cpu_class() in NO_BF16_GEMM:                  # the fallback: bf16 training at every size; forward, _plain_native
+        return figures["bf16 training"] if needs_grad else None
+    if LS > SMALL_PROBLEM or not on_tiles(D, Dv):    # above it: the tiles' rules (_plain_native)
+        return None
+    if needs_grad:
+        return figures["bf16 small training"]
+    return figures["bf16 small forward"] if min(L, S) >= BF16_SMALL_FWD_FROM[causal] else None
 
 
 def candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
@@ -94,9 +123,11 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
     sdpa_ok = "sdpa" in runnable and sdpa_kernel_kind(req) == "flash"
     plain = req.bias is None and (req.mask is None or (req.is_causal_only and L == S))
     amx_bf16 = req.q.dtype == torch.bfloat16 and cpu_class() == "amx"
-    half_training = _HALF_TRAINING.get(req.q.dtype)
-    if half_training and req.needs_grad and no_bf16_gemm() and "native" in runnable:
-        return "native", AVX2_MEASURED[half_training]
+    if req.needs_grad and "native" in runnable:
+        why = _half_kernel(req)
+        if why is not None and (L * S > SMALL_PROBLEM or req.q.dtype == torch.float16 or no_bf16_gemm()
+                                or _small_kinds(req)):           # the Zen 4's small bf16 training: measured kinds
+            return "native", why
     if sdpa_ok and plain:
         tuned = _tuned(req, plain=True) if "native" in runnable else None
         if tuned is not None:
@@ -108,18 +139,20 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
                         "path" + _class_note(req))
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
-        if sdpa_ok and "native" in runnable and _small_kinds_avx2(req):
+        if sdpa_ok and "native" in runnable and _small_kinds(req):
+            measured = _off_amx()
+            figures = FIGURES[measured]
             if not req.needs_grad:
-                return "native", AVX2_MEASURED["small dense" if elementwise else "small masked"]
-            if isinstance(req.bias, StructuredBias) or L * S >= AVX2_SMALL_TRAIN_FROM:
-                return "native", AVX2_MEASURED["small training"]
-            return "sdpa", AVX2_MEASURED["small training to sdpa"]
+                return "native", figures["small dense" if elementwise else "small masked"]
+            if isinstance(req.bias, StructuredBias) or L * S >= SMALL_TRAIN_FROM:
+                return "native", figures["small training"]
+            return "sdpa", figures["small training to sdpa"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
-        if no_bf16_gemm() and req.bias is None and "native" in runnable:     # level or faster, few empty tiles or many
+        if _off_amx() and req.bias is None and "native" in runnable:     # faster, few empty tiles or many
             if torch.compiler.is_compiling():
-                return "sdpa", IN_GRAPH_WHY["dense without avx512"]
-            return "native", AVX2_MEASURED["dense"]
+                return "sdpa", IN_GRAPH_WHY["dense off amx"]
+            return "native", FIGURES[_off_amx()]["dense"]
         skip = skippable(req)
         if skip is None:
             return "sdpa", IN_GRAPH_WHY["dense"]
@@ -174,9 +207,11 @@ def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str
     fp16 = dtype == torch.float16
     if no_bf16_gemm():
         return AVX2_MEASURED["fp16 masked" if fp16 else "masked"]
+    if fp16 and _off_amx():
+        return FIGURES[_off_amx()]["fp16 masked"]
     if fp16:
-        return ("fp16 runs in the compiled kernel as fp32; fp16 was measured on one CPU class only: "
-                + AVX2_MEASURED["fp16 masked"])
+        return ("fp16 runs in the compiled kernel as fp32; fp16 was not measured on a CPU with AMX: "
+                + FIGURES["avx512_bf16"]["fp16 masked"])
     if amx_kernel:
         return (f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
                 f"documents at n = 1024, 4096 ({XEON_AMX})")
@@ -212,11 +247,19 @@ def _path(D: int, Dv: int) -> tuple[bool, bool]:
 # answer is a constant there (backends/native.py), asked with the head dims this graph is traced for: index()
 # makes them Python ints, and torch.compile guards on them (int() would keep them symbolic).
 def _on_amx(req: AttentionRequest) -> bool:
-    return on_amx(operator.index(req.shape.D), operator.index(req.shape.Dv))
+    return on_amx(*_head_dims(req))
 
 
 def _on_tiles(req: AttentionRequest) -> bool:
-    return on_tiles(operator.index(req.shape.D), operator.index(req.shape.Dv))
+    return on_tiles(*_head_dims(req))
+
+
+def _head_dims(req: AttentionRequest) -> tuple[int, int]:
+    return operator.index(req.shape.D), operator.index(req.shape.Dv)
+
+
+def _half_kernel(req: AttentionRequest) -> Optional[str]:
+    return half_kernel(req.q.dtype, req.shape.L, req.shape.S, req.is_causal_only, req.needs_grad, *_head_dims(req))
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -240,6 +283,9 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     amx = cpu_class() == "amx"
+    half = half_kernel(dtype, req.shape.L, req.shape.S, causal, req.needs_grad, *_head_dims(req))
+    if half is not None:
+        return half
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
         if not _on_amx(req) or LS <= SMALL_PROBLEM:
             return None
@@ -267,9 +313,7 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
 
 
 def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: int, S: int) -> Optional[str]:
-    """``_plain_native`` on a CPU without AVX-512 (bf16 and fp16 with gradients are decided before: the kernel)."""
-    if dtype == torch.float16:
-        return AVX2_MEASURED["fp16 forward"] if fp16_forward_native(L, S) else None
+    """``_plain_native`` on a CPU without AVX-512 (fp16, and bf16 with gradients: ``half_kernel``)."""
     LS = L * S
     if LS <= SMALL_PROBLEM:
         return None
@@ -282,13 +326,13 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: in
     return None
 
 
-def _small_kinds_avx2(req: AttentionRequest) -> bool:
+def _small_kinds(req: AttentionRequest) -> bool:
     """Is a request with a mask or bias below SMALL_PROBLEM scores of a kind measured for the compiled kernel on this
-    CPU? On a CPU without AVX-512: masks whose every part has an interval form (``Mask.row_spans``: causal, window,
-    padding, documents) or is a dense bool mask (read as bits, each row within its range; not inside a
+    CPU? Off AMX (the Zen 3, the Zen 4): masks whose every part has an interval form (``Mask.row_spans``: causal,
+    window, padding, documents) or is a dense bool mask (read as bits, each row within its range; not inside a
     torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a dense bias, nor a block layout:
-    not measured. (With gradients ``pick`` then weighs the size: AVX2_SMALL_TRAIN_FROM.)"""
-    if not no_bf16_gemm() or isinstance(req.bias, Tensor):
+    not measured. (With gradients ``pick`` then weighs the size: SMALL_TRAIN_FROM.)"""
+    if _off_amx() is None or isinstance(req.bias, Tensor):
         return False
     dense_ok = not torch.compiler.is_compiling()     # a graph packs a dense mask's bits again on every call
     if any(type(p).row_spans is Mask.row_spans and not (dense_ok and isinstance(p, DenseMask))

@@ -8,7 +8,9 @@ The project's machines come in two x86-64 classes, and a user's may be a third:
   GEMM peak the bench measured at 663-1,897 GFLOP/s on the project's 2-core Xeon with AMX, against
   409-427 on its 2-core AMD Zen 4 with AVX512-BF16 (docs/benchmarks.md).
 * ``avx512_bf16``: AVX-512 with BF16 dot products, no AMX (AMD Zen 4). The compiled kernel's
-  micro-kernel (``vdpbf16ps``) is the fastest bf16 path there.
+  micro-kernel (``vdpbf16ps``) is the fastest bf16 path there. torch's fp16 GEMM needs AVX512-FP16, which it lacks
+  (a scalar fallback, as without AVX-512): ``auto`` sends fp16 to the kernel there, and masked requests
+  of every size, as on ``avx2`` (``auto_figures.ZEN4_MEASURED``).
 * ``avx2``: AVX2 without AVX-512 (measured on an AMD EPYC Zen 3). torch has no fast bf16 GEMM there
   (oneDNN's needs AVX-512; the fallback ran at about 1 GFLOP/s), and SDPA's bf16 backward runs on it:
   ``auto`` sends bf16 training to the compiled kernel (5.3-7.9x), and has its own fp32 thresholds (causal
