@@ -21,9 +21,10 @@ inline bool uses_tiles(const Problem& pb) {
 }
 
 // Packing K and V costs O(S D) per kv head, written to fresh memory on every call, and is paid back only over
-// the query rows that read each head (L G): decoding (few queries over many keys) ran faster on the BLAS path
-// (AMD Zen 4, bf16, L = 1, S = 4096: 0.35 ms with D = 48 there against 0.75 ms packed with D = 64, 3.3 ms when
-// other calls ran between; docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the one build").
+// the query rows that read each head (L G): decoding (few queries over many keys) runs faster on the BLAS path
+// (AMD Zen 4, bf16, 1 or 16 queries over 4096 padded keys, other calls between: 3.3-3.4 ms packed, 1.2-1.7 ms
+// on the BLAS path; scripts/bench_decode.py, docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the one
+// build").
 constexpr int64_t kPackFromRows = 64;
 template <typename Problem>
 inline bool packs_for_tiles(const Problem& pb) {
