@@ -484,7 +484,7 @@ def test_fp16_on_amx_keeps_sdpa_for_plain_requests_and_says_where_fp16_was_measu
 
 @pytest.mark.parametrize("cls", ["avx512_bf16", "avx512"])
 def test_fp16_on_the_zen4_goes_to_the_compiled_kernel_where_it_measured_faster(monkeypatch, cls):
-    """The Zen 4 has no AVX512-FP16 either (NO_FP16_GEMM): fp16 forward from n = 48 or 256 keys as on the Zen 3,
+    """The Zen 4 has no AVX512-FP16 either (every class off AMX): fp16 forward from n = 48 or 256 keys as on the Zen 3,
     with gradients from 32^2 scores, masked by the Zen 4's own fp16 figures."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
     for n, kw, want in ((32, {}, "sdpa"), (48, {}, "native: fp16 forward"),

@@ -100,9 +100,9 @@ AMX_MEASURED = {
 ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
 # fp16: torch's fp16 GEMM needs AVX512-FP16 (oneDNN), which the Zen 4 lacks as the Zen 3 does: 1.0-3.2 GFLOP/s at
-# 256^3-1024^3 on the Zen 4, where its bf16 GEMM ran at 358-427 (5 Dec 2026). The Xeon with AMX has AVX512-FP16
-# (issue #27's /proc/cpuinfo) and was not measured in fp16: its class keeps SDPA's rules there.
-NO_FP16_GEMM = ("avx512_bf16", "avx512", "avx2", "other")
+# 256^3-1024^3 on the Zen 4, where its bf16 GEMM ran at 358-427 (5 Dec 2026). So every class off AMX has no fast
+# fp16 GEMM (MEASURED_OFF_AMX below). The Xeon with AMX has AVX512-FP16 (issue #27's /proc/cpuinfo) and was not
+# measured in fp16: its class keeps SDPA's rules there.
 
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
@@ -190,7 +190,7 @@ AVX2_MEASURED = {
 # On the AMD Zen 4 (class avx512_bf16; avx512 runs the same code) the one build, measured again on 5 Dec 2026
 # (docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the one build"), kept the plain rules above (the grid
 # at n = 1024-16384: auto within 5% on 65 of 65) and showed what the Zen 3 had shown: with a mask the kernel wins
-# at every size, and where torch's GEMM of a dtype is slow (fp16 at every size: NO_FP16_GEMM; bf16's backward below
+# at every size, and where torch's GEMM of a dtype is slow (fp16 at every size off AMX; bf16's backward below
 # 512^2 scores) so does the kernel. ZEN4_MEASURED holds those figures, as AVX2_MEASURED the Zen 3's; auto_rule
 # reads the one of this CPU's class (MEASURED_OFF_AMX).
 ZEN4_MEASURED = {
@@ -245,7 +245,8 @@ FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
 # queries and the keys number at least this many.
 BF16_SMALL_FWD_FROM = {False: 96, True: 64}
 #: the figures and thresholds of the classes measured off AMX, by class (avx512 runs the avx512_bf16 code, other the
-#: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel
+#: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel; none of them has a fast
+#: fp16 GEMM (AVX512-FP16)
 MEASURED_OFF_AMX = {"avx2": "avx2", "other": "avx2", "avx512_bf16": "avx512_bf16", "avx512": "avx512_bf16"}
 FIGURES = {"avx2": AVX2_MEASURED, "avx512_bf16": ZEN4_MEASURED}
 AMX_BF16_MIN_SKIPPABLE = 0.03

@@ -65,7 +65,7 @@ def _off_amx() -> Optional[str]:
 
 def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
     """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys on this CPU, or None:
-    off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (NO_FP16_GEMM), bf16 on a CPU without
+    off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without
     AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward. With gradients
     the reason holds whatever the mask (``pick`` asks for a measured kind where it is the small bf16 one); without,
     for a plain request (no mask, or causal with L == S). ``attention``'s small-request shortcut asks it too."""
@@ -77,13 +77,15 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
         if needs_grad:
             return figures["fp16 training"] if LS >= FP16_TRAIN_FROM[measured] else None
         return figures["fp16 forward"] if fp16_forward_native(L, S) else None
-    if cpu_class() in NO_BF16_GEMM:                  # the fallback: bf16 training at every size; forward, _plain_native
+    if measured in NO_BF16_GEMM:                     # the fallback: bf16 training at every size; forward, _plain_native
         return figures["bf16 training"] if needs_grad else None
-    if LS > SMALL_PROBLEM or not on_tiles(D, Dv):    # above it: the tiles' rules (_plain_native)
+    if LS > SMALL_PROBLEM:                           # above it: the tiles' rules (_plain_native)
         return None
-    if needs_grad:
-        return figures["bf16 small training"]
-    return figures["bf16 small forward"] if min(L, S) >= BF16_SMALL_FWD_FROM[causal] else None
+    if not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]:    # before on_tiles: the shortcut's decode steps
+        return None
+    if not on_tiles(D, Dv):
+        return None
+    return figures["bf16 small training" if needs_grad else "bf16 small forward"]
 
 
 def candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
@@ -149,10 +151,11 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
             return "sdpa", figures["small training to sdpa"]
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
-        if _off_amx() and req.bias is None and "native" in runnable:     # faster, few empty tiles or many
+        measured = _off_amx()
+        if measured and req.bias is None and "native" in runnable:      # faster, few empty tiles or many
             if torch.compiler.is_compiling():
                 return "sdpa", IN_GRAPH_WHY["dense off amx"]
-            return "native", FIGURES[_off_amx()]["dense"]
+            return "native", FIGURES[measured]["dense"]
         skip = skippable(req)
         if skip is None:
             return "sdpa", IN_GRAPH_WHY["dense"]
@@ -207,8 +210,9 @@ def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str
     fp16 = dtype == torch.float16
     if no_bf16_gemm():
         return AVX2_MEASURED["fp16 masked" if fp16 else "masked"]
-    if fp16 and _off_amx():
-        return FIGURES[_off_amx()]["fp16 masked"]
+    measured = _off_amx()
+    if fp16 and measured:
+        return FIGURES[measured]["fp16 masked"]
     if fp16:
         return ("fp16 runs in the compiled kernel as fp32; fp16 was not measured on a CPU with AMX: "
                 + FIGURES["avx512_bf16"]["fp16 masked"])
@@ -283,7 +287,7 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     amx = cpu_class() == "amx"
-    half = half_kernel(dtype, req.shape.L, req.shape.S, causal, req.needs_grad, *_head_dims(req))
+    half = _half_kernel(req)
     if half is not None:
         return half
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
