@@ -68,7 +68,7 @@ try:
 
     src = os.path.join("src", "attnlab", "csrc")
     sources = [os.path.join(src, f) for f in ("bindings.cpp", "forward.cpp", "backward.cpp", "gemm.cpp",
-                                               "microkernel.cpp", "amx.cpp")]
+                                               "microkernel.cpp", "amx.cpp", "kept.cpp")]
     ext_modules = [CppExtension(
         f"attnlab.functional.backends._native_{isa}", sources,
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-Wno-unknown-pragmas"] + flags,

@@ -30,10 +30,11 @@ def test_the_tiles_are_in_the_avx512_bf16_build_and_only_there():
 DTYPES = [torch.bfloat16, torch.float32]
 
 
-# (B, H, Hkv, L, S, D, Dv): row tails, S % 16 != 0, GQA, L < S and L > S, D = 128, Dv = 16 / 128; then the two
-# sides of kPackFromRows (microkernel.h): 63 query rows per kv head (L G) take the BLAS path, 64 the packed tiles
+# (B, H, Hkv, L, S, D, Dv): row tails, S % 16 != 0, GQA, L < S and L > S, D = 128, Dv = 16 / 128; then the
+# sides of kPackFromRows (microkernel.h) in query rows per kv head (L G): bfloat16 packs K and V from one (a
+# decode step), float32 takes the BLAS path at 63 and packs from 64
 SHAPES = [(2, 4, 2, 131, 131, 64, 64), (1, 3, 1, 45, 203, 32, 128), (1, 2, 2, 97, 40, 128, 16),
-          (2, 3, 1, 21, 150, 64, 64), (1, 4, 2, 32, 150, 64, 64)]
+          (1, 2, 2, 1, 150, 64, 64), (2, 3, 1, 21, 150, 64, 64), (1, 4, 2, 32, 150, 64, 64)]
 MASKS = {
     "none": lambda B, L, S: None,
     "causal": lambda B, L, S: masks.causal(),
@@ -125,6 +126,44 @@ def test_nan_outside_a_tiles_key_range_never_reaches_the_output(window, dtype):
                               scale=0.125)
     assert torch.isfinite(out[:, :, 32:]).all()
     torch.testing.assert_close(out[:, :, 32:], ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("L", [1, 64])
+def test_a_kept_buffer_holds_nothing_of_the_call_before(L, dtype):
+    """Packed K and V go into buffers kept on this thread between calls (csrc/kept.cpp). A call that fits the
+    buffers of a longer one before it -- 133 keys after 160 of NaN -- reads only its own keys: its pairs past
+    key 133 are zeros again (on AMX, whose products reach a few keys past a tile's, a NaN left there would give
+    0 * NaN; the AVX-512 tiles never read them), and its result is the fresh buffers' bit for bit."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 4, L, 64, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(1, 2, 133, 64, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    nan = torch.full((1, 2, 160, 64), float("nan"), dtype=dtype)
+
+    def run():
+        out = native_attention(q, k, v, mask=masks.padding([120]), scale=0.125)
+        return [out, *torch.autograd.grad(out.float().sum(), (q, k, v))]
+
+    native.release_buffers()
+    fresh = run()
+    native.release_buffers()
+    qn, kn, vn = (x.detach().clone().requires_grad_() for x in (q, nan, nan))
+    before = native_attention(qn, kn, vn, scale=0.125)                      # fills the kept buffers with NaN:
+    before.float().sum().backward()                                          # the forward's and the backward's
+    kept = run()
+    assert torch.isnan(before).all()
+    for a, b in zip(fresh, kept):
+        assert torch.equal(a, b)
+
+
+def test_release_buffers_frees_what_a_packed_call_kept():
+    if not native.on_tiles(64, 64):
+        pytest.skip("K and V are packed only for the AVX-512 tiles or AMX: " + native.info())
+    native.release_buffers()
+    q, k, v = (torch.randn(1, 8, 128, 64).to(torch.bfloat16) for _ in range(3))
+    native_attention(q, k, v, scale=0.125)
+    assert native.release_buffers() == 2 * 8 * 128 * 64 * 2               # k_groups and v_pairs, bf16 words
+    assert native.release_buffers() == 0
 
 
 def test_the_nan_cases_include_odd_first_keys():

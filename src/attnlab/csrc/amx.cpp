@@ -26,6 +26,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kept.h"
 #include "native.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -89,13 +90,12 @@ PackedKV amx_pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat1
   // Keys padded to a multiple of 16, plus 16: the backward reads a chunk's whole groups of 16 from an even key.
   pk.S16 = (S + 15) / 16 * 16 + 16;
   pk.ld_cols = pk.S16 + 16;     // (S + 32 or so) not a multiple of 4 KB: rows of K^T 16 KB apart fell in one L1 set
-  const auto opts = at::TensorOptions().dtype(at::kInt);
   auto words = [](const at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); };
-  pk.k_cols = at::empty({B * Hkv, pk.ld_cols * D / 2}, opts);
-  pk.v_pairs = at::zeros({B * Hkv, pk.S16 * Dv / 2}, opts);     // zeros: the pairs past S stay 0
+  pk.k_cols = kept_buffer(Kept::k_cols, B * Hkv, pk.ld_cols * D / 2, at::kInt);
+  pk.v_pairs = kept_buffer(Kept::v_pairs, B * Hkv, pk.S16 * Dv / 2, at::kInt);
   if (backward) {
-    pk.v_cols = at::empty({B * Hkv, pk.ld_cols * Dv / 2}, opts);
-    pk.k_pairs = at::zeros({B * Hkv, pk.S16 * D / 2}, opts);
+    pk.v_cols = kept_buffer(Kept::v_cols, B * Hkv, pk.ld_cols * Dv / 2, at::kInt);
+    pk.k_pairs = kept_buffer(Kept::k_pairs, B * Hkv, pk.S16 * D / 2, at::kInt);
   }
   std::atomic<bool> all_finite{true};
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
@@ -105,7 +105,7 @@ PackedKV amx_pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat1
       bool ok = pack_columns(kb, ks[2], S, D, pk.ld_cols, words(pk.k_cols) + bh * pk.ld_cols * D / 2);
       if (backward) {
         ok = pack_columns(vb, vs[2], S, Dv, pk.ld_cols, words(pk.v_cols) + bh * pk.ld_cols * Dv / 2) && ok;
-        pair_rows(kb, ks[2], S, D, words(pk.k_pairs) + bh * pk.S16 * D / 2);
+        pair_keys(kb, ks[2], S, D, pk.S16, words(pk.k_pairs) + bh * pk.S16 * D / 2);
       } else {                                                  // V's finiteness (the forward reads it as pairs)
         uint32_t bad = 0;
         for (int64_t j = 0; j < S; ++j) {
@@ -114,7 +114,7 @@ PackedKV amx_pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat1
         }
         ok = ok && bad == 0;
       }
-      pair_rows(vb, vs[2], S, Dv, words(pk.v_pairs) + bh * pk.S16 * Dv / 2);
+      pair_keys(vb, vs[2], S, Dv, pk.S16, words(pk.v_pairs) + bh * pk.S16 * Dv / 2);
       if (!ok) all_finite = false;
     }
   });

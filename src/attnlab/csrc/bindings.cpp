@@ -3,9 +3,8 @@
 // (attnlab/functional/backends/native.py) prepares the mask spans/bits and the bias table.
 #include <torch/extension.h>
 
-#include <array>
-
 #include "amx.h"
+#include "kept.h"
 #include "microkernel.h"
 #include "native.h"
 
@@ -64,24 +63,12 @@ at::Tensor readable(const at::Tensor& x) {
 // (MKL's cblas_gemm_f16f16f32 170 GFLOP/s, sgemm_ 190; docs/design.md, "float16"), and rounding the
 // probabilities and dS to fp16 would add error the reference does not have.
 //
-// The float32 copies are written into buffers kept per thread, one per operand (`slot`), and reused by the
-// next call they fit while nothing else holds them. A fresh copy of megabytes per call pays its page faults
-// on every call once malloc returns the memory between calls, and dearly on a VM whose host takes freed
-// pages back (free-page reporting; measure/machine.py, reclaim_note): on the Zen 3, such a guest, fp16
-// decoding (L = 1, S = 16384 keys, H = 8) took 28.1-30.7 ms with fresh copies, 5.6 ms with kept ones, and
-// 14.4 ms in torch's SDPA (docs/benchmarks.md, "Issue #27: small requests"). Operands above kKeptFloats (64 MiB)
-// get a fresh copy: a kept buffer that size would outlive the call for little gain against its own work.
-constexpr int64_t kKeptFloats = int64_t(16) << 20;
-
-at::Tensor computed(const at::Tensor& x, int slot) {
+// The float32 copies are written into buffers kept per thread, one per operand, and reused by the next call
+// they fit (kept.cpp: why; fp16 decoding on the Zen 3 took 28.1-30.7 ms with fresh copies, 5.6 ms with kept
+// ones, and 14.4 ms in torch's SDPA).
+at::Tensor computed(const at::Tensor& x, Kept slot) {
   if (x.scalar_type() != at::kHalf) return x;
-  const int64_t n = x.numel();
-  if (n > kKeptFloats) return x.to(at::kFloat);
-  thread_local std::array<at::Tensor, 4> kept;         // q, k, v, dout
-  at::Tensor& buf = kept.at(slot);
-  if (!buf.defined() || buf.numel() < n || buf.storage().use_count() != 1)
-    buf = at::empty({n}, x.options().dtype(at::kFloat));
-  at::Tensor y = buf.narrow(0, 0, n).view(x.sizes());   // contiguous
+  at::Tensor y = kept_buffer(slot, 1, x.numel(), at::kFloat).view(x.sizes());   // contiguous
   y.copy_(x);
   return y;
 }
@@ -145,7 +132,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
                                 int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
                                 double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
   check_inputs(q_in, k_in, v_in);
-  const at::Tensor q = readable(computed(q_in, 0)), k = readable(computed(k_in, 1)), v = readable(computed(v_in, 2));
+  const at::Tensor q = readable(computed(q_in, Kept::q)), k = readable(computed(k_in, Kept::k)), v = readable(computed(v_in, Kept::v));
   auto out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(acc_type(q.scalar_type())));
   switch (q.scalar_type()) {
@@ -179,8 +166,8 @@ std::vector<at::Tensor> backward(const at::Tensor& q_in, const at::Tensor& k_in,
   TORCH_CHECK(dout_in.sizes() == at::IntArrayRef(out_shape) && dout_in.scalar_type() == q_in.scalar_type(),
               "dout must have out's shape ", at::IntArrayRef(out_shape), " and dtype ", q_in.scalar_type(), ", got ",
               dout_in.sizes(), " ", dout_in.scalar_type());
-  const at::Tensor q = readable(computed(q_in, 0)), k = readable(computed(k_in, 1)), v = readable(computed(v_in, 2)),
-                   dout = readable(computed(dout_in, 3));
+  const at::Tensor q = readable(computed(q_in, Kept::q)), k = readable(computed(k_in, Kept::k)), v = readable(computed(v_in, Kept::v)),
+                   dout = readable(computed(dout_in, Kept::dout));
   const auto acc = q.options().dtype(acc_type(q.scalar_type()));
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == acc.dtype().toScalarType(),
               "lse and delta must be contiguous accumulation-type tensors");
@@ -217,6 +204,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &attnlab::backward, "backward pass -> [dq, dk, dv (per query head), dbias]");
   m.def("set_amx", &attnlab::set_amx, "use AMX (brgemm) for bfloat16 where the CPU has it; returns whether it is on");
   m.def("amx_supported", &attnlab::amx_supported, "whether this CPU runs bfloat16 brgemm on AMX tiles");
+  m.def("release_buffers", &attnlab::release_kept, "frees the buffers this thread keeps between calls (float32 "
+        "copies of float16 inputs, packed K and V); returns the bytes they held");
   m.def("blas", &attnlab::blas_name, "which GEMM each dtype uses");
   m.def("tiles_built", &attnlab::tiles_built, "whether float32 and bfloat16 run on the AVX-512 micro-kernel "
         "(where D and Dv are multiples of 16)");

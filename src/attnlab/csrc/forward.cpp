@@ -283,7 +283,7 @@ void run_forward(const Problem<typename Acc<scalar_t>::type>& pb, const at::Tens
     if (pack_for_amx(pb, k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, false, packed)) pk = &packed;
   }
   if constexpr (!std::is_same_v<scalar_t, double>) {
-    if (pk == nullptr && packs_for_tiles(pb)) {
+    if (pk == nullptr && packs_for_tiles<scalar_t>(pb)) {
       packed = pack_kv(k.data_ptr<scalar_t>(), ks, v.data_ptr<scalar_t>(), vs, pb.B, pb.Hkv, pb.S, pb.D, pb.Dv,
                        false);
       pk = &packed;

@@ -17,6 +17,8 @@
 // one element, so rows need no packing: only K (and V, for dP) are packed into groups of 16 keys.
 #include "microkernel.h"
 
+#include "kept.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define ATTNLAB_TILES 1
@@ -72,17 +74,21 @@ void pair_rows(const at::BFloat16* x, int64_t ld, int64_t n, int64_t X, uint32_t
   }
 }
 
+void pair_keys(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64_t S16, uint32_t* out) {
+  pair_rows(x, ld, S, X, out);
+  std::fill(out + (S + 1) / 2 * X, out + S16 / 2 * X, 0u);
+}
+
 PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v, const int64_t* vs, int64_t B,
                  int64_t Hkv, int64_t S, int64_t D, int64_t Dv, bool backward) {
   PackedKV pk;
   pk.S16 = (S + 15) / 16 * 16;
-  const auto opts = at::TensorOptions().dtype(at::kInt);
   auto words = [](const at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); };
-  pk.k_groups = at::empty({B * Hkv, pk.S16 * D / 2}, opts);
-  pk.v_pairs = at::zeros({B * Hkv, pk.S16 * Dv / 2}, opts);    // zeros: the pairs past S stay 0
+  pk.k_groups = kept_buffer(Kept::k_groups, B * Hkv, pk.S16 * D / 2, at::kInt);
+  pk.v_pairs = kept_buffer(Kept::v_pairs, B * Hkv, pk.S16 * Dv / 2, at::kInt);
   if (backward) {
-    pk.v_groups = at::empty({B * Hkv, pk.S16 * Dv / 2}, opts);
-    pk.k_pairs = at::zeros({B * Hkv, pk.S16 * D / 2}, opts);
+    pk.v_groups = kept_buffer(Kept::v_groups, B * Hkv, pk.S16 * Dv / 2, at::kInt);
+    pk.k_pairs = kept_buffer(Kept::k_pairs, B * Hkv, pk.S16 * D / 2, at::kInt);
   }
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -90,10 +96,10 @@ PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v
       const at::BFloat16* kb = k + b * ks[0] + h * ks[1];
       const at::BFloat16* vb = v + b * vs[0] + h * vs[1];
       pack_groups(kb, ks[2], S, D, pk.S16, words(pk.k_groups) + bh * pk.S16 * D / 2);
-      pair_rows(vb, vs[2], S, Dv, words(pk.v_pairs) + bh * pk.S16 * Dv / 2);
+      pair_keys(vb, vs[2], S, Dv, pk.S16, words(pk.v_pairs) + bh * pk.S16 * Dv / 2);
       if (backward) {
         pack_groups(vb, vs[2], S, Dv, pk.S16, words(pk.v_groups) + bh * pk.S16 * Dv / 2);
-        pair_rows(kb, ks[2], S, D, words(pk.k_pairs) + bh * pk.S16 * D / 2);
+        pair_keys(kb, ks[2], S, D, pk.S16, words(pk.k_pairs) + bh * pk.S16 * D / 2);
       }
     }
   });
@@ -103,9 +109,9 @@ PackedKV pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat16* v
 namespace {
 
 // One float32 tensor (B, Hkv, S, X) as groups of 16 keys: out[bh][g][x][n] = t[b, h, 16 g + n, x].
-at::Tensor pack_groups(const float* t, const int64_t* ts, int64_t B, int64_t Hkv, int64_t S, int64_t X) {
+at::Tensor pack_groups(const float* t, const int64_t* ts, int64_t B, int64_t Hkv, int64_t S, int64_t X, Kept slot) {
   const int64_t S16 = (S + 15) / 16 * 16;
-  auto out = at::empty({B * Hkv, S16 * X}, at::TensorOptions().dtype(at::kFloat));
+  auto out = kept_buffer(slot, B * Hkv, S16 * X, at::kFloat);
   float* o = out.data_ptr<float>();
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -128,8 +134,8 @@ PackedKV pack_kv(const float* k, const int64_t* ks, const float* v, const int64_
                  int64_t S, int64_t D, int64_t Dv, bool backward) {
   PackedKV pk;
   pk.S16 = (S + 15) / 16 * 16;
-  pk.k_groups = pack_groups(k, ks, B, Hkv, S, D);
-  if (backward) pk.v_groups = pack_groups(v, vs, B, Hkv, S, Dv);
+  pk.k_groups = pack_groups(k, ks, B, Hkv, S, D, Kept::k_groups);
+  if (backward) pk.v_groups = pack_groups(v, vs, B, Hkv, S, Dv, Kept::v_groups);
   return pk;
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace attnlab {
 
@@ -20,15 +21,18 @@ inline bool uses_tiles(const Problem& pb) {
   return tiles_built() && pb.D % 16 == 0 && pb.Dv % 16 == 0 && pb.BK % 16 == 0;
 }
 
-// Packing K and V costs O(S D) per kv head, written to fresh memory on every call, and is paid back only over
-// the query rows that read each head (L G): decoding (few queries over many keys) runs faster on the BLAS path
-// (AMD Zen 4, bf16, 1 or 16 queries over 4096 padded keys, other calls between: 3.3-3.4 ms packed, 1.2-1.7 ms
-// on the BLAS path; scripts/bench_decode.py, docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the one
-// build").
-constexpr int64_t kPackFromRows = 64;
-template <typename Problem>
+// Packing K and V costs O(S D) per kv head, into buffers kept between calls (kept.h), and is paid back over
+// the query rows that read each head (L G). On AMD Zen 4 (scripts/bench_decode.py, B=1 H=8 D=64, other calls
+// between; docs/benchmarks.md, "Issue #27: kept packed K and V") bfloat16 gains from one row: 1 query over
+// 1024-16384 keys took 0.17-3.8 ms packed against 0.73-7.9 on the BLAS path, 16 or 32 queries 1.26-1.87x torch
+// SDPA against 1.08-1.29x. float32 (and float16, computed as float32) packs from 64 rows, as before the buffers
+// were kept: at 16 and 32 rows the two paths tied (0.85-1.43x SDPA packed, 0.94-1.01x on the BLAS path, in runs
+// that disagreed), at 1-8 rows the BLAS path won (0.87-1.71x against 0.41-1.12x).
+template <typename scalar_t>
+constexpr int64_t kPackFromRows = std::is_same_v<scalar_t, at::BFloat16> ? 1 : 64;
+template <typename scalar_t, typename Problem>
 inline bool packs_for_tiles(const Problem& pb) {
-  return uses_tiles(pb) && pb.L * pb.G >= kPackFromRows;
+  return uses_tiles(pb) && pb.L * pb.G >= kPackFromRows<scalar_t>;
 }
 
 // bfloat16 K and V of one call, packed once (O(S D)); keys padded with zeros to S16, a multiple of 16.
@@ -53,6 +57,9 @@ PackedKV pack_kv(const float* k, const int64_t* ks, const float* v, const int64_
 // Rows r0..r0+n of x (row stride ld, X columns) as pairs of rows: out[(i / 2) X + c] = (x[i][c], x[i+1][c]);
 // a missing last row reads as 0. `out` holds ceil(n / 2) X words.
 void pair_rows(const at::BFloat16* x, int64_t ld, int64_t n, int64_t X, uint32_t* out);
+
+// One kv head's S keys (rows of x) as pairs, zeros after them up to S16 keys: S16 / 2 X words, the `pairs`.
+void pair_keys(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64_t S16, uint32_t* out);
 
 // Same from fp32 rows rounded to bfloat16 (P and dS for dV and dK); X a multiple of 16.
 void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out);

@@ -216,6 +216,11 @@ ZEN4_MEASURED = {
                            "compiled kernel measured 1.24-1.94x SDPA's without a mask at n = 96-512 (0.82-1.00x at 64) "
                            f"and 1.17-3.0x with a causal one at n = 64-512 (0.61-1.00x at 48), in two runs, D = 64 "
                            f"({ZEN4})"),
+    "bf16 decode": ("bf16 forward of few queries over many keys without a mask on the AVX-512 tiles (D, Dv "
+                    "multiples of 16; K and V packed once per call into buffers kept between calls): the compiled "
+                    "kernel measured 2.1-3.6x SDPA's with 1 query over 1024-16384 keys, 0.91-1.38x with 2-8 "
+                    "(below 1.0 only with 4 over 16384), 1.25-1.87x with 16 and 1.36-1.84x with 32, in three runs, "
+                    f"D = 64 (scripts/bench_decode.py; {ZEN4})"),
     "small masked": ("a structured mask or bias below 512^2 scores: the compiled kernel measured 1.24-5.8x the "
                      "sdpa backend's fp32 forward, 1.5-7.7x bf16 and 1.7-9.6x fp16 with key padding, a W = 64 window "
                      "or 8 documents at n = 64-512 (B=1 H=8 D=64), and 1.9-2.7x fp32 with ALiBi, where the sdpa "
@@ -244,6 +249,9 @@ FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
 # bf16 forward without a mask (False) or causal (True) below 512^2 scores on the Zen 4: the kernel where both the
 # queries and the keys number at least this many.
 BF16_SMALL_FWD_FROM = {False: 96, True: 64}
+# ... and without a mask from this many keys, whatever the queries (decoding; ZEN4_MEASURED["bf16 decode"]): below,
+# the kernel measured 0.49-0.95x SDPA over 64 keys, 0.65-1.34x over 256.
+BF16_DECODE_KEYS_FROM = 1024
 #: the figures and thresholds of the classes measured off AMX, by class (avx512 runs the avx512_bf16 code, other the
 #: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel; none of them has a fast
 #: fp16 GEMM (AVX512-FP16)

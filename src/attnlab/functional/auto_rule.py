@@ -22,9 +22,9 @@ from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_figures import (
     AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
     AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
-    BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, IN_GRAPH_WHY, MEASURED_OFF_AMX, MIN_SKIPPABLE,
-    NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_PROBLEM, SMALL_TRAIN_FROM, SPARSE_FROM, TILES_BF16_MIN_SKIPPABLE,
-    TILES_MEASURED, XEON_AMX, ZEN4)
+    BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, IN_GRAPH_WHY,
+    MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_PROBLEM, SMALL_TRAIN_FROM, SPARSE_FROM,
+    TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
 from .backends.native import on_amx, on_tiles
 from .backends.sdpa import sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -66,7 +66,8 @@ def _off_amx() -> Optional[str]:
 def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
     """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys on this CPU, or None:
     off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without
-    AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward. With gradients
+    AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward, its forward from
+    BF16_SMALL_FWD_FROM queries and keys and its decoding over BF16_DECODE_KEYS_FROM keys. With gradients
     the reason holds whatever the mask (``pick`` asks for a measured kind where it is the small bf16 one); without,
     for a plain request (no mask, or causal with L == S). ``attention``'s small-request shortcut asks it too."""
     measured = _off_amx()
@@ -81,11 +82,14 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
         return figures["bf16 training"] if needs_grad else None
     if LS > SMALL_PROBLEM:                           # above it: the tiles' rules (_plain_native)
         return None
-    if not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]:    # before on_tiles: the shortcut's decode steps
+    small = not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]
+    if small and S < BF16_DECODE_KEYS_FROM:          # before on_tiles: the shortcut's short decode steps
         return None
     if not on_tiles(D, Dv):
         return None
-    return figures["bf16 small training" if needs_grad else "bf16 small forward"]
+    if needs_grad:
+        return figures["bf16 small training"]
+    return figures["bf16 decode" if small else "bf16 small forward"]
 
 
 def candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:

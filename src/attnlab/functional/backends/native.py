@@ -31,7 +31,7 @@ from .native_ops import ISA, WHY_ISA as _WHY_ISA, backward_op, kernel as _native
 from .reference import accum_dtype, dense_bias, safe_softmax
 
 __all__ = ["native_attention", "native_forward", "native_block_backward", "info", "why_unavailable",
-           "default_tiles", "on_tiles", "on_amx"]
+           "default_tiles", "on_tiles", "on_amx", "release_buffers"]
 
 # One module per instruction-set level (native_build.py, loaded by native_ops.py); when none loads, every other
 # backend still works.
@@ -60,6 +60,17 @@ def info() -> str:
            if ISA == "amx" else "")
     return (f"native: build {ISA} ({_WHY_ISA}); at::vec {_native.capability()}; {_native.blas()}{amx}; "
             "float16: computed as float32")
+
+
+def release_buffers() -> int:
+    """Frees the buffers the kernel keeps on this thread between calls -- the packed K and V of its tiles and the
+    float32 copies of float16 inputs, each at most 64 MiB (csrc/kept.cpp: kept because a fresh buffer pays its
+    page faults on every call) -- and returns the bytes they held. The next call allocates them again.
+
+    >>> release_buffers()      # after a bfloat16 call with 8 heads of 4096 keys, D = 64: K and V packed
+    8388608
+    """
+    return 0 if _native is None else int(_native.release_buffers())
 
 
 @torch.compiler.assume_constant_result
