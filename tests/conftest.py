@@ -22,3 +22,10 @@ def _no_kept_decisions():
     from attnlab.functional import auto_memo
     auto_memo.forget()
     yield
+
+
+@pytest.fixture
+def tiles(monkeypatch):
+    """The compiled kernel's AVX-512 tiles as an AVX512-BF16 build reports them (D and Dv multiples of 16), whatever
+    this machine built: auto's rules for the Zen 4's class, testable on any CPU."""
+    monkeypatch.setattr("attnlab.functional.auto_rule.on_tiles", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)

@@ -78,12 +78,6 @@ OTHERS = {
 }
 
 
-@pytest.fixture
-def tiles(monkeypatch):
-    """The compiled kernel's AVX-512 tiles as an AVX512-BF16 build reports them, whatever this machine built."""
-    monkeypatch.setattr(auto_rule, "on_tiles", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("cls", ["avx2", "avx512_bf16", "amx"])
 def test_half_precision_training_off_amx_takes_the_full_path(cls, dtype, monkeypatch, tiles):

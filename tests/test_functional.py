@@ -184,10 +184,9 @@ def amx(monkeypatch):
     monkeypatch.setattr("attnlab.functional.auto_rule.on_amx", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
 
 
-def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_apply(zen4, monkeypatch):
+def test_auto_sends_plain_fp32_and_bf16_to_the_compiled_kernel_where_its_tiles_apply(zen4, tiles):
     """D, Dv multiples of 16: the AVX-512 tiles win forward and backward in fp32 and bf16 (the tiles as an
     AVX512-BF16 build reports them, whatever this machine built)."""
-    monkeypatch.setattr("attnlab.functional.auto_rule.on_tiles", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
     q, k, v = (torch.randn(1, 1, 1024, 64, dtype=torch.bfloat16) for _ in range(3))
     want = "auto -> native"
     assert want in al.explain(q, k, v)
@@ -444,13 +443,12 @@ def test_on_amx_small_masked_requests_stay_on_sdpa(amx):
 
 
 @pytest.mark.parametrize("cls", ["avx512_bf16", "avx512"])
-def test_on_the_zen4_small_masked_requests_go_to_the_compiled_kernel_by_its_own_figures(monkeypatch, cls):
+def test_on_the_zen4_small_masked_requests_go_to_the_compiled_kernel_by_its_own_figures(monkeypatch, cls, tiles):
     """As on the Zen 3, measured on the Zen 4 (class avx512_bf16; avx512 runs its code): a structured or dense mask
     below 512^2 goes to the kernel forward at every size, fp32 training from 64^2 scores (SMALL_TRAIN_FROM), each
     reason quoting the Zen 4; bf16 training below 512^2 on the tiles and fp16 training from 32^2, whatever the mask."""
     from attnlab.functional.auto_figures import SMALL_TRAIN_FROM
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
-    monkeypatch.setattr("attnlab.functional.auto_rule.on_tiles", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
     assert SMALL_TRAIN_FROM == 64 * 64
     x = torch.empty(1, 8, 256, 64)
     dense = al.masks.dense(torch.rand(256, 256, generator=torch.Generator().manual_seed(0)) > 0.5)

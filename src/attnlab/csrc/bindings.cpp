@@ -132,7 +132,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
                                 int64_t bias_kind, const c10::optional<at::Tensor>& bias, int64_t tW, int64_t tc0,
                                 double scale, double softcap, double dropout_p, int64_t seed, int64_t BQ, int64_t BK) {
   check_inputs(q_in, k_in, v_in);
-  const at::Tensor q = readable(computed(q_in, Kept::q)), k = readable(computed(k_in, Kept::k)), v = readable(computed(v_in, Kept::v));
+  const at::Tensor q = readable(computed(q_in, Kept::q)), k = readable(computed(k_in, Kept::k)),
+                   v = readable(computed(v_in, Kept::v));
   auto out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(acc_type(q.scalar_type())));
   switch (q.scalar_type()) {
@@ -166,8 +167,8 @@ std::vector<at::Tensor> backward(const at::Tensor& q_in, const at::Tensor& k_in,
   TORCH_CHECK(dout_in.sizes() == at::IntArrayRef(out_shape) && dout_in.scalar_type() == q_in.scalar_type(),
               "dout must have out's shape ", at::IntArrayRef(out_shape), " and dtype ", q_in.scalar_type(), ", got ",
               dout_in.sizes(), " ", dout_in.scalar_type());
-  const at::Tensor q = readable(computed(q_in, Kept::q)), k = readable(computed(k_in, Kept::k)), v = readable(computed(v_in, Kept::v)),
-                   dout = readable(computed(dout_in, Kept::dout));
+  const at::Tensor q = readable(computed(q_in, Kept::q)), k = readable(computed(k_in, Kept::k)),
+                   v = readable(computed(v_in, Kept::v)), dout = readable(computed(dout_in, Kept::dout));
   const auto acc = q.options().dtype(acc_type(q.scalar_type()));
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && lse.scalar_type() == acc.dtype().toScalarType(),
               "lse and delta must be contiguous accumulation-type tensors");

@@ -26,8 +26,9 @@ inline bool uses_tiles(const Problem& pb) {
 // between; docs/benchmarks.md, "Issue #27: kept packed K and V") bfloat16 gains from one row: 1 query over
 // 1024-16384 keys took 0.17-3.8 ms packed against 0.73-7.9 on the BLAS path, 16 or 32 queries 1.26-1.87x torch
 // SDPA against 1.08-1.29x. float32 (and float16, computed as float32) packs from 64 rows, as before the buffers
-// were kept: at 16 and 32 rows the two paths tied (0.85-1.43x SDPA packed, 0.94-1.01x on the BLAS path, in runs
-// that disagreed), at 1-8 rows the BLAS path won (0.87-1.71x against 0.41-1.12x).
+// were kept: at 16 and 32 rows without a mask the two paths tied (0.85-1.43x SDPA packed, 0.94-1.01x on the BLAS
+// path, in runs that disagreed), at 1, 4 and 8 rows the BLAS path won every case (0.87-1.88x against 0.41-1.43x,
+// with and without key padding).
 template <typename scalar_t>
 constexpr int64_t kPackFromRows = std::is_same_v<scalar_t, at::BFloat16> ? 1 : 64;
 template <typename scalar_t, typename Problem>
