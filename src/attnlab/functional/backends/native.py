@@ -67,7 +67,7 @@ def release_buffers() -> int:
     float32 copies of float16 inputs, each at most 64 MiB (csrc/kept.cpp: kept because a fresh buffer pays its
     page faults on every call) -- and returns the bytes they held. The next call allocates them again.
 
-    >>> release_buffers()      # after a bfloat16 call with 8 heads of 4096 keys, D = 64: K and V packed
+    >>> release_buffers()      # after a bfloat16 call with 8 heads of 4096 keys, D = 64, on the AVX-512 tiles
     8388608
     """
     return 0 if _native is None else int(_native.release_buffers())
