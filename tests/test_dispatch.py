@@ -19,7 +19,8 @@ def qkv(B=2, H=3, L=32, S=32, D=16, dtype=torch.float32, Hkv=None, Dv=None):
     return q, k, v
 
 
-PLAIN = [dict(), dict(L=128, S=128), dict(L=1, S=16), dict(L=512, S=512), dict(L=7, S=40),
+# D = 8 at n = 128 and 512: off the AVX-512 tiles, where plain fp32 that size goes to the kernel (FP32_SMALL_FROM)
+PLAIN = [dict(), dict(L=128, S=128, D=8), dict(L=1, S=16), dict(L=512, S=512, D=8), dict(L=7, S=40),
          dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(dtype=torch.float16), dict(B=1, H=1, D=1),
          dict(S=15), dict(L=8, S=8), dict(L=3, S=3, dtype=torch.float64),   # few keys, finite: a check, then SDPA
          dict(H=4, Hkv=2), dict(B=1, H=8, Hkv=1, L=1, S=64)]                   # GQA, MQA decode
@@ -125,6 +126,28 @@ def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crosso
         q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16)
         assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (L, S, causal)
         assert auto_rule.pick(make_request(q, k, v, causal=causal))[0] == ("native" if kernel else "sdpa")
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles, grad):
+    """Plain fp32 below 512^2 on the Zen 4's tiles: the kernel from FP32_SMALL_FROM scores (causal 128^2; without
+    a mask 384^2 forward, 256^2 with gradients) where queries and keys both number at least 64; SDPA below, and
+    on the Zen 3 (no tiles) and AMX at every size the shortcut covers."""
+    assert auto_rule.FP32_SMALL_MIN == 64
+    cases = ((96, 96, True, False), (128, 128, True, True), (512, 512, True, True), (256, 256, False, grad),
+             (383, 384, False, grad), (384, 384, False, True), (512, 512, False, True), (64, 4096, False, True),
+             (63, 4096, False, False), (4096, 63, False, False), (32, 32, False, False))
+    for cls in ("avx512_bf16", "avx2", "amx"):
+        monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
+        for L, S, causal, kernel in cases:
+            kernel = kernel and cls == "avx512_bf16"
+            q, k, v = qkv(L=L, S=S)
+            q.requires_grad_(grad)
+            assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (cls, L, S, causal)
+            picked = auto_rule.pick(make_request(q, k, v, causal=causal))
+            assert picked[0] == ("native" if kernel else "sdpa"), (cls, L, S, causal, picked)
+            if kernel:
+                assert "AMD Zen 4" in picked[1], picked
 
 
 @pytest.mark.parametrize("name", OTHERS)

@@ -54,6 +54,10 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
         grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
         if auto_rule.half_kernel(dt, L, S, causal is True and L == S, grad, D, D) is not None:
             return None
+    elif dt is torch.float32 and L >= auto_rule.FP32_SMALL_MIN and S >= auto_rule.FP32_SMALL_MIN:   # Zen 4 tiles
+        grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
+        if auto_rule.fp32_small_kernel(L, S, causal is True and L == S, grad, D, D) is not None:
+            return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv
 

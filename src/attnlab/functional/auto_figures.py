@@ -221,6 +221,12 @@ ZEN4_MEASURED = {
                     "kernel measured 2.1-3.6x SDPA's with 1 query over 1024-16384 keys, 0.91-1.38x with 2-8 "
                     "(below 1.0 only with 4 over 16384), 1.25-1.87x with 16 and 1.36-1.84x with 32, in three runs, "
                     f"D = 64 (scripts/bench_decode.py; {ZEN4})"),
+    "fp32 small": ("plain fp32 below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the compiled kernel "
+                   "measured 1.11-1.78x the sdpa backend's causal forward and 1.06-1.91x its causal forward+backward "
+                   "at n = 128-512, 1.10-1.14x its forward without a mask at n = 384-512 and 1.06-1.32x that "
+                   "forward+backward at n = 256-512, in two runs, and 1.05-1.16x the forward with 64-256 queries over "
+                   "1024-4096 keys (512^2 scores); below those sizes a tie (0.95-1.05x) or slower, D = 64 "
+                   f"({ZEN4})"),
     "small masked": ("a structured mask or bias below 512^2 scores: the compiled kernel measured 1.24-5.8x the "
                      "sdpa backend's fp32 forward, 1.5-7.7x bf16 and 1.7-9.6x fp16 with key padding, a W = 64 window "
                      "or 8 documents at n = 64-512 (B=1 H=8 D=64), and 1.9-2.7x fp32 with ALiBi, where the sdpa "
@@ -252,6 +258,12 @@ BF16_SMALL_FWD_FROM = {False: 96, True: 64}
 # ... and without a mask from this many keys, whatever the queries (decoding; ZEN4_MEASURED["bf16 decode"]): below,
 # the kernel measured 0.49-0.95x SDPA over 64 keys, 0.65-1.34x over 256.
 BF16_DECODE_KEYS_FROM = 1024
+# Plain fp32 below 512^2 scores on the Zen 4's tiles: the kernel from this many scores, by (causal, with gradients),
+# where the queries and the keys both number at least FP32_SMALL_MIN (fewer query rows run on the BLAS path, whose
+# decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"].
+FP32_SMALL_FROM = {(False, False): 384 * 384, (False, True): 256 * 256, (True, False): 128 * 128,
+                   (True, True): 128 * 128}
+FP32_SMALL_MIN = 64
 #: the figures and thresholds of the classes measured off AMX, by class (avx512 runs the avx512_bf16 code, other the
 #: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel; none of them has a fast
 #: fp16 GEMM (AVX512-FP16)

@@ -22,7 +22,8 @@ from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_figures import (
     AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
     AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
-    BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, IN_GRAPH_WHY,
+    BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, FP32_SMALL_FROM,
+    FP32_SMALL_MIN, IN_GRAPH_WHY,
     MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_PROBLEM, SMALL_TRAIN_FROM, SPARSE_FROM,
     TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
 from .backends.native import on_amx, on_tiles
@@ -39,7 +40,8 @@ from .profile import TIE, current_plain_steps, current_profile, step_choice
 from .registry import Backend, all_backends
 from .request import AttentionRequest
 
-__all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "half_kernel", "SMALL_PROBLEM"]
+__all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "half_kernel", "fp32_small_kernel",
+           "SMALL_PROBLEM", "FP32_SMALL_MIN"]
 
 
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -90,6 +92,19 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     if needs_grad:
         return figures["bf16 small training"]
     return figures["bf16 decode" if small else "bf16 small forward"]
+
+
+def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
+    """Why the compiled kernel beats SDPA on a plain fp32 request of L queries over S keys below SMALL_PROBLEM scores
+    (no mask, or causal with L == S), or None: on the AVX-512 tiles off AMX (measured on the Zen 4) from
+    FP32_SMALL_FROM scores where queries and keys both number at least FP32_SMALL_MIN. ``attention``'s
+    small-request shortcut asks it too. (Above SMALL_PROBLEM: ``_plain_native``'s tiles rule.)"""
+    LS = L * S
+    if min(L, S) < FP32_SMALL_MIN or LS > SMALL_PROBLEM or LS < FP32_SMALL_FROM[(causal, needs_grad)]:
+        return None
+    if _off_amx() != "avx512_bf16" or not on_tiles(D, Dv):
+        return None
+    return FIGURES["avx512_bf16"]["fp32 small"]
 
 
 def candidates(req: AttentionRequest) -> list[tuple[Backend, Optional[str]]]:
@@ -294,6 +309,8 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     half = _half_kernel(req)
     if half is not None:
         return half
+    if dtype == torch.float32 and LS <= SMALL_PROBLEM:            # below it every other rule says SDPA
+        return fp32_small_kernel(req.shape.L, req.shape.S, causal, req.needs_grad, *_head_dims(req))
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
         if not _on_amx(req) or LS <= SMALL_PROBLEM:
             return None
