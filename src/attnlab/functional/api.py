@@ -50,13 +50,14 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and q.stride()[-1] == 1 and k.stride()[-1] == 1 and v.stride()[-1] == 1
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
-    if dt is torch.bfloat16 or dt is torch.float16:          # off AMX, where the kernel beats a slow half GEMM
+    # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (decode steps: too few queries)
+    half = dt is torch.bfloat16 or dt is torch.float16
+    if half or (dt is torch.float32 and L >= auto_rule.FP32_SMALL_MIN and S >= auto_rule.FP32_SMALL_MIN):
         grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
-        if auto_rule.half_kernel(dt, L, S, causal is True and L == S, grad, D, D) is not None:
-            return None
-    elif dt is torch.float32 and L >= auto_rule.FP32_SMALL_MIN and S >= auto_rule.FP32_SMALL_MIN:   # Zen 4 tiles
-        grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
-        if auto_rule.fp32_small_kernel(L, S, causal is True and L == S, grad, D, D) is not None:
+        square = causal is True and L == S
+        why = (auto_rule.half_kernel(dt, L, S, square, grad, D, D) if half
+               else auto_rule.fp32_small_kernel(L, S, square, grad, D, D))
+        if why is not None:
             return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv
