@@ -121,22 +121,27 @@ async function ask(body) {
   return [r, await r.json()];
 }
 
+let latest = 0;                                            // the newest run's number: an older one's answer is dropped
+
 async function run() {
+  const seq = ++latest;    // a knob's delayed run and a click may overlap: the answer shown is the newest request's
   const body = request();
   $("status").textContent = "Computing…";
-  let r, data;
+  let r, data, off = null;
   try {
     [r, data] = await ask(body);
-    lastOff = null;
     if (r.ok && $("compare").checked && body.positional) {
-      const [r2, off] = await ask({...body, positional: false});
-      if (r2.ok) lastOff = off;
+      const [r2, d2] = await ask({...body, positional: false});
+      if (r2.ok) off = d2;
     }
   } catch (e) {
+    if (seq !== latest) return;
     showError("The lab server did not answer: " + e);
     $("status").textContent = "";
     return;
   }
+  if (seq !== latest) return;
+  lastOff = off;
   if (r.status === 429) {                                  // the server is busy: wait as it asks, then retry
     const wait = parseFloat(r.headers.get("Retry-After") || "2");
     $("status").textContent = `Busy (other computations running): retrying in ${wait} s…`;
