@@ -174,3 +174,46 @@ def test_the_nan_cases_include_odd_first_keys():
     firsts = {int(masks.window(*w).dense(96, 96)[..., 32:40, :].reshape(8, 96).any(0).nonzero().min()) % 2
               for w in [(8, 0), (9, 0), (6, 3)]}
     assert firsts == {0, 1}
+
+
+def _scattered_rows(L: int, S: int, seed: int) -> torch.Tensor:
+    """(L, S) allowed pairs: each row one interval of keys at a random place (widths 0 to 39, a row in 7 with
+    none, some with one key), so the rows of one block of the micro-kernel's rows (6) need unrelated columns."""
+    g = torch.Generator().manual_seed(seed)
+    lo, width = torch.randint(0, S, (L,), generator=g), torch.randint(0, 40, (L,), generator=g)
+    width[::7], width[3::11] = 0, 1
+    j = torch.arange(S)
+    return (j >= lo[:, None]) & (j < (lo + width)[:, None])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tiles", [(64, 128), (30, 64), (None, None)], ids=["64x128", "30x64", "default"])
+def test_rows_with_scattered_keys_get_every_key_they_may_attend(tiles, dtype):
+    """The tiles' products compute, per block of 6 rows, only the columns of those rows' hull (RowBounds,
+    csrc/microkernel.h). Rows whose allowed keys lie anywhere -- empty rows, one-key rows, neighbours far
+    apart, row tails -- given as a dense mask (each row read within its range): outputs and all gradients."""
+    B, H, L, S = 1, 2, 100, 150
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(B, H, n, 64, generator=g).to(dtype) for n in (L, S, S))
+    mask = masks.dense(_scattered_rows(L, S, seed=11)[None, None])
+    _check(errors(partial(native_attention, tile_q=tiles[0], tile_k=tiles[1]), q, k, v, None, mask), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_block_of_rows_reads_only_the_keys_its_rows_may_attend(dtype):
+    """What the row bounds skip is skipped: NaN in V at key 40, which only row 3 may attend (the others attend
+    keys 0-8), makes row 3 NaN and leaves every row outside its block of 6 (rows 0-5) exact. (0 * NaN in the
+    other rows of row 3's block is the NaN rule's unspecified case, docs/design.md.)"""
+    if not native.on_tiles(64, 64) or (dtype == torch.bfloat16 and native.on_amx(64, 64)):
+        pytest.skip("the row bounds are the AVX-512 tiles': " + native.info())
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 1, n, 64, generator=g).to(dtype) for n in (64, 48, 48))
+    allowed = torch.zeros(64, 48, dtype=torch.bool)
+    allowed[:, :9] = True
+    allowed[3] = False
+    allowed[3, 38:42] = True
+    v[..., 40, :] = float("nan")
+    out = native_attention(q, k, v, mask=masks.dense(allowed[None, None]), scale=0.125)
+    assert torch.isnan(out[0, 0, 3]).all()
+    want = reference_attention(q[:, :, 6:], k[:, :, :9], v[:, :, :9], scale=0.125)
+    torch.testing.assert_close(out[:, :, 6:], want, atol=2e-2, rtol=2e-2)

@@ -86,11 +86,12 @@ class BackwardHead {
         const int64_t ka = std::max<int64_t>(w.kfirst - c0, 0);              // the tile's first key in the chunk
         bool all_full;
         if (!plan_rows(pb_, b_, h_, r0_, nr_, c0, c1, rp_, all_full)) continue;
-        scores(c0, nk, ncols);
+        const RowBounds bounds = row_bounds(rp_, all_full);
+        scores(c0, nk, ncols, bounds);
         probabilities(c0, nk, ncols);
-        value_products(dropped(c0, ncols), c0, ka, nk, ncols);
+        value_products(dropped(c0, ncols), c0, ka, nk, ncols, bounds);
         score_grads(c0, ncols);
-        query_key_products(c0, ka, nk, ncols);
+        query_key_products(c0, ka, nk, ncols, bounds);
       }
       finish_tile();
     }
@@ -137,14 +138,16 @@ class BackwardHead {
     }
   }
 
-  // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX).
-  void scores(int64_t c0, int64_t nk, int64_t ncols) {
-    chunk_scores(pb_, io_.pk, qt_, io_.qs[2], kb_, io_.ks[2], bhk_, nr_, c0, nk, ncols, s_.data(), lds_);
+  // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX); on the micro-kernel's tiles only
+  // what each row block's bounds hold (probabilities reads a row within its [a, e) only).
+  void scores(int64_t c0, int64_t nk, int64_t ncols, RowBounds bounds) {
+    chunk_scores(pb_, io_.pk, qt_, io_.qs[2], kb_, io_.ks[2], bhk_, nr_, c0, nk, ncols, s_.data(), lds_, bounds);
   }
 
   // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN).
   void probabilities(int64_t c0, int64_t nk, int64_t ncols) {
     const int64_t VW = Vec::size();
+    nan_rows_ = false;
     for (int64_t r = 0; r < nr_; ++r) {
       acc_t* row = s_.data() + r * lds_;
       const int8_t kind = rp_.kind[r];
@@ -156,6 +159,7 @@ class BackwardHead {
       }
       const int64_t a = rp_.a[r], e = rp_.e[r];
       if (std::isnan(lse_r)) {                                   // exp_u20 would hide a NaN
+        nan_rows_ = true;
         std::fill(row, row + nk, lse_r);
         std::fill(row + nk, row + ncols, acc_t(0));
         continue;
@@ -195,21 +199,23 @@ class BackwardHead {
     return pd_.data();
   }
 
-  // dV += Pd^T dO over the tile's keys in the chunk [c0 + ka, c0 + nk); dP = dO V^T.
-  void value_products(const acc_t* pv, int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
+  // dV += Pd^T dO over the tile's keys in the chunk [c0 + ka, c0 + nk); dP = dO V^T. On the tiles both within
+  // the bounds (score_grads reads a row within its [a, e) only), except dV where a NaN row's P is NaN past them.
+  void value_products(const acc_t* pv, int64_t c0, int64_t ka, int64_t nk, int64_t ncols, RowBounds bounds) {
     const PackedKV* pk = io_.pk;
     if (tiles16_) {     // fp32 reads Pd's rows as they are; bfloat16 as pairs of rows
+      const RowBounds p_bounds = nan_rows_ ? RowBounds{} : bounds;
       if constexpr (kF32) {
         fp32_columns_by_rows(pv, lds_, ka, nk, dout_t_.data(), pb_.Dv, pb_.Dv, nr_, 1.0f, dvb_ + (c0 + ka) * pb_.Dv,
-                             pb_.Dv);
+                             pb_.Dv, p_bounds);
       } else if constexpr (kBf16) {
         pair_rows(pv, lds_, nr_, ncols, ppair_.data());
         bf16_columns_by_pairs(ppair_.data(), ncols, ka, nk, opair_.data(), pb_.Dv, nr_, 1.0f,
-                              dvb_ + (c0 + ka) * pb_.Dv, pb_.Dv);
+                              dvb_ + (c0 + ka) * pb_.Dv, pb_.Dv, p_bounds);
       }
       if constexpr (!std::is_same_v<scalar_t, double>)
         rows_by_groups(dout_t_.data(), pb_.Dv, nr_, pk->v_groups, bhk_, S16_, pb_.Dv, c0, ncols, 1.0f, dp_.data(),
-                       lds_);
+                       lds_, bounds);
       return;
     }
     if constexpr (kBf16) {
@@ -265,17 +271,17 @@ class BackwardHead {
     }
   }
 
-  // dQ += scale dS K;  dK[c0 + ka : c0 + nk] += scale dS^T Q (the tile's keys only). On AMX dK is kept
-  // transposed and both scales wait for the write-back.
-  void query_key_products(int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
+  // dQ += scale dS K;  dK[c0 + ka : c0 + nk] += scale dS^T Q (the tile's keys only). dS is 0 outside each row's
+  // keys, which the tiles skip by the bounds. On AMX dK is kept transposed and both scales wait for the write-back.
+  void query_key_products(int64_t c0, int64_t ka, int64_t nk, int64_t ncols, RowBounds bounds) {
     const PackedKV* pk = io_.pk;
     const scalar_t* dsi = as_input(dp_.data(), conv_.data(), nr_ * lds_);
     if constexpr (kF32) {
       if (tiles16_) {
         fp32_rows_by_rows(dp_.data(), lds_, nr_, kb_ + c0 * io_.ks[2], io_.ks[2], pb_.D, ka, nk, scale_, dq_.data(),
-                          pb_.D);
+                          pb_.D, bounds);
         fp32_columns_by_rows(dp_.data(), lds_, ka, nk, qt_, io_.qs[2], pb_.D, nr_, scale_, dkb_ + (c0 + ka) * pb_.D,
-                             pb_.D);
+                             pb_.D, bounds);
         return;
       }
     } else if constexpr (kBf16) {
@@ -288,10 +294,11 @@ class BackwardHead {
         return;
       }
       if (tiles16_) {
-        bf16_rows_by_pairs(dsi, lds_, nr_, pk->k_pairs, bhk_, S16_, pb_.D, c0, ka, nk, scale_, dq_.data(), pb_.D);
+        bf16_rows_by_pairs(dsi, lds_, nr_, pk->k_pairs, bhk_, S16_, pb_.D, c0, ka, nk, scale_, dq_.data(), pb_.D,
+                           bounds);
         pair_rows(dp_.data(), lds_, nr_, ncols, dspair_.data());
         bf16_columns_by_pairs(dspair_.data(), ncols, ka, nk, qpair_.data(), pb_.D, nr_, scale_,
-                              dkb_ + (c0 + ka) * pb_.D, pb_.D);
+                              dkb_ + (c0 + ka) * pb_.D, pb_.D, bounds);
         return;
       }
     }
@@ -330,6 +337,7 @@ class BackwardHead {
   std::vector<acc_t> dq_;                          // (BQ, D) this tile's dQ
   std::vector<scalar_t> dout_t_;                   // (BQ, Dv) dO rows, contiguous
   RowPlan rp_;
+  bool nan_rows_ = false;                          // this chunk has a row whose lse is NaN (probabilities)
   std::vector<uint32_t> opair_, qpair_, ppair_, dspair_;   // bfloat16 tiles: dO, Q, P, dS as pairs of rows
   // AMX: dO^T and Q^T of the tile (Dv x BQe, D x BQe), and this (b, h)'s dV^T, dK^T (Dv x S16, D x S16)
   std::vector<scalar_t> dout_cols_, q_cols_;

@@ -153,9 +153,10 @@ class ForwardTiles {
       const int64_t ncols = tiles16_ ? (nk + 15) / 16 * 16 : amx_ ? (nk + 1) / 2 * 2 : nk;
       bool all_full;
       if (!plan_rows(pb_, b_, h_, r0_, nr_, c0, c1, rp_, all_full)) continue;       // an EMPTY block
-      scores(c0, nk, ncols);
+      const RowBounds bounds = row_bounds(rp_, all_full);
+      scores(c0, nk, ncols, bounds);
       softmax(c0, ncols);
-      accumulate(c0, std::max<int64_t>(w.kfirst - c0, 0), nk, ncols);
+      accumulate(c0, std::max<int64_t>(w.kfirst - c0, 0), nk, ncols, bounds);
     }
     write_back();
   }
@@ -178,9 +179,10 @@ class ForwardTiles {
     std::fill(l_.begin(), l_.begin() + nr_, acc_t(0));
   }
 
-  // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX).
-  void scores(int64_t c0, int64_t nk, int64_t ncols) {
-    chunk_scores(pb_, io_.pk, qt_, io_.qs[2], kb_, io_.ks[2], bhk_, nr_, c0, nk, ncols, s_.data(), lds_);
+  // S = Q K^T over the chunk's keys [c0, c0 + ncols) (scaled, except on AMX); on the micro-kernel's tiles only
+  // what each row block's bounds hold (the softmax reads a row within its [a, e) only).
+  void scores(int64_t c0, int64_t nk, int64_t ncols, RowBounds bounds) {
+    chunk_scores(pb_, io_.pk, qt_, io_.qs[2], kb_, io_.ks[2], bhk_, nr_, c0, nk, ncols, s_.data(), lds_, bounds);
   }
 
   // The online softmax over the chunk, row by row: m, l and o's rows updated, S turned into P (rounded
@@ -200,8 +202,9 @@ class ForwardTiles {
     }
   }
 
-  // O += P V over the chunk (ka: the tile's first key in it; P is 0 outside each row's keys).
-  void accumulate(int64_t c0, int64_t ka, int64_t nk, int64_t ncols) {
+  // O += P V over the chunk (ka: the tile's first key in it; P is 0 outside each row's keys, which the tiles skip
+  // by the bounds).
+  void accumulate(int64_t c0, int64_t ka, int64_t nk, int64_t ncols, RowBounds bounds) {
     const PackedKV* pk = io_.pk;
     if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
       if (amx_) {      // over the chunk's key pairs (see pack_for_amx)
@@ -211,13 +214,13 @@ class ForwardTiles {
       }
       if (tiles16_) {
         bf16_rows_by_pairs(p_in_.data(), lds_, nr_, pk->v_pairs, bhk_, pk->S16, pb_.Dv, c0, ka, nk, 1.0f, o_.data(),
-                           pb_.Dv);
+                           pb_.Dv, bounds);
         return;
       }
     } else if constexpr (std::is_same_v<scalar_t, float>) {
       if (tiles16_) {
         fp32_rows_by_rows(s_.data(), lds_, nr_, vb_ + c0 * io_.vs[2], io_.vs[2], pb_.Dv, ka, nk, 1.0f, o_.data(),
-                          pb_.Dv);
+                          pb_.Dv, bounds);
         return;
       }
     }

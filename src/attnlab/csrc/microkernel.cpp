@@ -26,6 +26,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 namespace attnlab {
 
@@ -219,6 +221,105 @@ void dp_gemm(int64_t M, int64_t N16, int64_t pairs, const char* a, int64_t a_row
 
 const uint32_t* words(const at::Tensor& t) { return reinterpret_cast<const uint32_t*>(t.data_ptr()); }
 
+// dp_block with its rows (1..kMR) and vectors of lanes (1..4) chosen at run time: a bounded block's.
+template <bool Bf16, bool Acc, bool Keep, int MR, typename... Args>
+void dp_block_ng(int64_t ng, Args... args) {
+  switch (ng) {
+    case 4: dp_block<Bf16, MR, 4, Acc, Keep>(args...); break;
+    case 3: dp_block<Bf16, MR, 3, Acc, Keep>(args...); break;
+    case 2: dp_block<Bf16, MR, 2, Acc, Keep>(args...); break;
+    case 1: dp_block<Bf16, MR, 1, Acc, Keep>(args...); break;
+    default: break;
+  }
+}
+
+template <bool Bf16, bool Acc, bool Keep, typename... Args>
+void dp_block_any(int64_t mr, int64_t ng, Args... args) {
+  static_assert(kMR == 6, "one case per row count");
+  switch (mr) {
+    case 6: dp_block_ng<Bf16, Acc, Keep, 6>(ng, args...); break;
+    case 5: dp_block_ng<Bf16, Acc, Keep, 5>(ng, args...); break;
+    case 4: dp_block_ng<Bf16, Acc, Keep, 4>(ng, args...); break;
+    case 3: dp_block_ng<Bf16, Acc, Keep, 3>(ng, args...); break;
+    case 2: dp_block_ng<Bf16, Acc, Keep, 2>(ng, args...); break;
+    case 1: dp_block_ng<Bf16, Acc, Keep, 1>(ng, args...); break;
+    default: break;
+  }
+}
+
+// The hull [lo, hi) of the bounds of rows r .. r + mr - 1 (lo >= hi: none of them needs a column).
+inline std::pair<int64_t, int64_t> block_hull(const RowBounds& rb, int64_t r, int64_t mr) {
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+  for (int64_t i = r; i < r + mr; ++i)
+    if (rb.a[i] < rb.e[i]) {
+      lo = std::min<int64_t>(lo, rb.a[i]);
+      hi = std::max<int64_t>(hi, rb.e[i]);
+    }
+  return {lo, hi};
+}
+
+// dp_gemm's C = alpha A B (no accumulation), each block of kMR rows writing only the vectors of 16 columns that
+// meet its rows' bounds (columns counted from c's first). The same loop order as dp_gemm: 4 vectors of B at a time
+// (one block of K stays in L1), every row block against them.
+template <bool Bf16>
+void dp_gemm_bounded(int64_t M, int64_t N16, int64_t pairs, const char* a, int64_t a_row, int64_t a_pair,
+                     const uint32_t* b, int64_t b_pair, int64_t b_group, float alpha, float* c, int64_t ldc,
+                     const RowBounds& rb) {
+  for (int64_t g = 0; g < N16; g += 4) {
+    const int64_t g1 = std::min<int64_t>(g + 4, N16);
+    for (int64_t r = 0; r < M; r += kMR) {
+      const int64_t mr = std::min<int64_t>(kMR, M - r);
+      const auto [lo, hi] = block_hull(rb, r, mr);
+      const int64_t v0 = std::max(g, lo / 16), v1 = std::min(g1, (hi + 15) / 16);
+      if (v0 < v1)
+        dp_block_any<Bf16, false, false>(mr, v1 - v0, a + r * a_row, a_row, a_pair, b + v0 * b_group, b_pair,
+                                         b_group, pairs, alpha, c + r * ldc + v0 * 16, ldc, ~0u);
+    }
+  }
+}
+
+// run(r, mr, ka', kb') once per block of kMR rows, over its rows' hull within [ka, kb) (a block with none is
+// skipped); without bounds, once for all nr rows over [ka, kb).
+template <typename Run>
+void by_row_blocks(int64_t nr, int64_t ka, int64_t kb, const RowBounds& rb, const Run& run) {
+  if (rb.a == nullptr) {
+    run(int64_t(0), nr, ka, kb);
+    return;
+  }
+  for (int64_t r = 0; r < nr; r += kMR) {
+    const int64_t mr = std::min<int64_t>(kMR, nr - r);
+    const auto [lo, hi] = block_hull(rb, r, mr);
+    const int64_t a = std::max(ka, lo), e = std::min(kb, hi);
+    if (a < e) run(r, mr, a, e);
+  }
+}
+
+// The rows [lo, hi) of nr whose bounds meet keys [k0, k1): the first and the last that do, and every row between
+// (lo >= hi: none).
+inline std::pair<int64_t, int64_t> rows_meeting(const RowBounds& rb, int64_t nr, int64_t k0, int64_t k1) {
+  auto meets = [&](int64_t r) { return rb.a[r] < rb.e[r] && rb.a[r] < k1 && rb.e[r] > k0; };
+  int64_t lo = 0, hi = nr;
+  while (lo < nr && !meets(lo)) ++lo;
+  while (hi > lo && !meets(hi - 1)) --hi;
+  return {lo, hi};
+}
+
+// run(j, mk, r0, r1) once per block of kMR keys [j, j + mk) of [ka, kb), over the rows [r0, r1) that meet it (a
+// block no row meets is skipped); without bounds, once for all of [ka, kb) over all nr rows.
+template <typename Run>
+void by_key_blocks(int64_t ka, int64_t kb, int64_t nr, const RowBounds& rb, const Run& run) {
+  if (rb.a == nullptr) {
+    run(ka, kb - ka, int64_t(0), nr);
+    return;
+  }
+  for (int64_t j = ka; j < kb; j += kMR) {
+    const int64_t mk = std::min<int64_t>(kMR, kb - j);
+    const auto [r0, r1] = rows_meeting(rb, nr, j, j + mk);
+    if (r0 < r1) run(j, mk, r0, r1);
+  }
+}
+
+
 }  // namespace
 
 void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) {
@@ -239,52 +340,71 @@ void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) 
 }
 
 void rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
-                    int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
+                    int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds,
+                    RowBounds bounds) {
   const uint32_t* gb = words(groups) + bh * S16 * X / 2 + c0 * X / 2;
-  dp_gemm<false, false>(nr, ncols / 16, X / 2, reinterpret_cast<const char*>(a), 2 * lda, 4, gb, 16, 8 * X, alpha, s,
-                        lds);
+  const char* ac = reinterpret_cast<const char*>(a);
+  if (bounds.a != nullptr)
+    dp_gemm_bounded<true>(nr, ncols / 16, X / 2, ac, 2 * lda, 4, gb, 16, 8 * X, alpha, s, lds, bounds);
+  else
+    dp_gemm<false, false>(nr, ncols / 16, X / 2, ac, 2 * lda, 4, gb, 16, 8 * X, alpha, s, lds);
 }
 
 void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
                         int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
-                        int64_t ldo) {
+                        int64_t ldo, RowBounds bounds) {
   const uint32_t* vq = words(pairs) + bh * S16 * X / 2 + c0 / 2 * X;
-  const char* pc = reinterpret_cast<const char*>(p);
-  // pair j covers keys 2j, 2j + 1: whole pairs inside [ka, kb), then the edge pairs masked
-  const int64_t first = (ka + 1) / 2, last = kb / 2;
-  dp_gemm<true, false>(nr, X / 16, last - first, pc + 4 * first, 2 * ldp, 4, vq + first * X, X, 16, alpha, o, ldo);
-  if (ka % 2)   // keep key ka, the high half of its pair
-    dp_gemm<true, true>(nr, X / 16, 1, pc + 4 * (ka / 2), 2 * ldp, 4, vq + ka / 2 * X, X, 16, alpha, o, ldo,
-                        0xFFFF0000u);
-  if (kb % 2)   // keep key kb - 1, the low half of its pair
-    dp_gemm<true, true>(nr, X / 16, 1, pc + 4 * (kb / 2), 2 * ldp, 4, vq + kb / 2 * X, X, 16, alpha, o, ldo,
-                        0x0000FFFFu);
+  by_row_blocks(nr, ka, kb, bounds, [&](int64_t r, int64_t mr, int64_t k0, int64_t k1) {
+    const char* pc = reinterpret_cast<const char*>(p + r * ldp);
+    float* orow = o + r * ldo;
+    // pair j covers keys 2j, 2j + 1: whole pairs inside [k0, k1), then the edge pairs masked
+    const int64_t first = (k0 + 1) / 2, last = k1 / 2;
+    dp_gemm<true, false>(mr, X / 16, last - first, pc + 4 * first, 2 * ldp, 4, vq + first * X, X, 16, alpha, orow,
+                         ldo);
+    if (k0 % 2)   // keep key k0, the high half of its pair
+      dp_gemm<true, true>(mr, X / 16, 1, pc + 4 * (k0 / 2), 2 * ldp, 4, vq + k0 / 2 * X, X, 16, alpha, orow, ldo,
+                          0xFFFF0000u);
+    if (k1 % 2)   // keep key k1 - 1, the low half of its pair
+      dp_gemm<true, true>(mr, X / 16, 1, pc + 4 * (k1 / 2), 2 * ldp, 4, vq + k1 / 2 * X, X, 16, alpha, orow, ldo,
+                          0x0000FFFFu);
+  });
 }
 
 void bf16_columns_by_pairs(const uint32_t* a_pairs, int64_t ncols, int64_t ka, int64_t kb, const uint32_t* b_pairs,
-                           int64_t X, int64_t nr, float alpha, float* c, int64_t ldc) {
-  // A = a^T: its row j is column ka + j of the pairs block (next row: next word), its step the next pair of rows
-  dp_gemm<true, false>(kb - ka, X / 16, (nr + 1) / 2, reinterpret_cast<const char*>(a_pairs + ka), 4, 4 * ncols,
-                       b_pairs, X, 16, alpha, c, ldc);
+                           int64_t X, int64_t nr, float alpha, float* c, int64_t ldc, RowBounds bounds) {
+  // A = a^T: its row j is column j of the pairs block (next row: next word), its step the next pair of rows
+  by_key_blocks(ka, kb, nr, bounds, [&](int64_t j, int64_t mk, int64_t r0, int64_t r1) {
+    const int64_t p0 = r0 / 2, p1 = (r1 + 1) / 2;                     // the pairs of rows holding [r0, r1)
+    dp_gemm<true, false>(mk, X / 16, p1 - p0, reinterpret_cast<const char*>(a_pairs + p0 * ncols + j), 4,
+                         4 * ncols, b_pairs + p0 * X, X, 16, alpha, c + (j - ka) * ldc, ldc);
+  });
 }
 
 void rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
-                    int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds) {
+                    int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds, RowBounds bounds) {
   const uint32_t* gb = words(groups) + bh * S16 * X + c0 * X;
-  dp_gemm<false, false, false>(nr, ncols / 16, X, reinterpret_cast<const char*>(a), 4 * lda, 4, gb, 16, 16 * X, alpha,
-                               s, lds);
+  const char* ac = reinterpret_cast<const char*>(a);
+  if (bounds.a != nullptr)
+    dp_gemm_bounded<false>(nr, ncols / 16, X, ac, 4 * lda, 4, gb, 16, 16 * X, alpha, s, lds, bounds);
+  else
+    dp_gemm<false, false, false>(nr, ncols / 16, X, ac, 4 * lda, 4, gb, 16, 16 * X, alpha, s, lds);
 }
 
 void fp32_rows_by_rows(const float* p, int64_t ldp, int64_t nr, const float* b, int64_t ldb, int64_t X, int64_t ka,
-                       int64_t kb, float alpha, float* o, int64_t ldo) {
-  dp_gemm<true, false, false>(nr, X / 16, kb - ka, reinterpret_cast<const char*>(p + ka), 4 * ldp, 4,
-                              reinterpret_cast<const uint32_t*>(b + ka * ldb), ldb, 16, alpha, o, ldo);
+                       int64_t kb, float alpha, float* o, int64_t ldo, RowBounds bounds) {
+  by_row_blocks(nr, ka, kb, bounds, [&](int64_t r, int64_t mr, int64_t k0, int64_t k1) {
+    dp_gemm<true, false, false>(mr, X / 16, k1 - k0, reinterpret_cast<const char*>(p + r * ldp + k0), 4 * ldp, 4,
+                                reinterpret_cast<const uint32_t*>(b + k0 * ldb), ldb, 16, alpha, o + r * ldo, ldo);
+  });
 }
 
 void fp32_columns_by_rows(const float* a, int64_t lda, int64_t ka, int64_t kb, const float* b, int64_t ldb, int64_t X,
-                          int64_t nr, float alpha, float* c, int64_t ldc) {
-  dp_gemm<true, false, false>(kb - ka, X / 16, nr, reinterpret_cast<const char*>(a + ka), 4, 4 * lda,
-                              reinterpret_cast<const uint32_t*>(b), ldb, 16, alpha, c, ldc);
+                          int64_t nr, float alpha, float* c, int64_t ldc, RowBounds bounds) {
+  by_key_blocks(ka, kb, nr, bounds, [&](int64_t j, int64_t mk, int64_t r0, int64_t r1) {
+    dp_gemm<true, false, false>(mk, X / 16, r1 - r0, reinterpret_cast<const char*>(a + r0 * lda + j), 4, 4 * lda,
+                                reinterpret_cast<const uint32_t*>(b + r0 * ldb), ldb, 16, alpha, c + (j - ka) * ldc,
+                                ldc);
+  });
 }
 
 #else   // built without AVX512-BF16: never called (tiles_built() is false)
@@ -294,17 +414,17 @@ namespace {
 }  // namespace
 void pair_rows(const float*, int64_t, int64_t, int64_t, uint32_t*) { not_built(); }
 void rows_by_groups(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
-                    int64_t, int64_t, float, float*, int64_t) { not_built(); }
+                    int64_t, int64_t, float, float*, int64_t, RowBounds) { not_built(); }
 void bf16_rows_by_pairs(const at::BFloat16*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t,
-                        int64_t, int64_t, int64_t, float, float*, int64_t) { not_built(); }
+                        int64_t, int64_t, int64_t, float, float*, int64_t, RowBounds) { not_built(); }
 void bf16_columns_by_pairs(const uint32_t*, int64_t, int64_t, int64_t, const uint32_t*, int64_t, int64_t, float, float*,
-                           int64_t) { not_built(); }
+                           int64_t, RowBounds) { not_built(); }
 void rows_by_groups(const float*, int64_t, int64_t, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
-                    float, float*, int64_t) { not_built(); }
+                    float, float*, int64_t, RowBounds) { not_built(); }
 void fp32_rows_by_rows(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float*,
-                       int64_t) { not_built(); }
+                       int64_t, RowBounds) { not_built(); }
 void fp32_columns_by_rows(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float,
-                          float*, int64_t) { not_built(); }
+                          float*, int64_t, RowBounds) { not_built(); }
 
 #endif
 

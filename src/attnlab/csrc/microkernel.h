@@ -65,33 +65,50 @@ void pair_keys(const at::BFloat16* x, int64_t ld, int64_t S, int64_t X, int64_t 
 // Same from fp32 rows rounded to bfloat16 (P and dS for dV and dK); X a multiple of 16.
 void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out);
 
+// The columns of a (rows x key chunk) block that each row needs: row r's [a[r], e[r]), chunk-relative (a >= e:
+// none). A product given them skips, for each block of the micro-kernel's rows (6), the columns outside those rows'
+// hull: a band's slanted edges (a window's, the causal diagonal's), which a query tile's key range includes for
+// the tile's other rows. For a W = 256 window in 64-row tiles that was a fifth of every product (320 keys computed
+// per row for 257 allowed). Null: every column.
+struct RowBounds {
+  const int32_t* a = nullptr;
+  const int32_t* e = nullptr;
+};
+
 // s (nr, ncols; row stride lds) = alpha * a (nr, X; row stride lda) B[c0 : c0 + ncols]^T, with B one kv
 // head's `groups` (X = D for K, Dv for V). c0 and ncols multiples of 16.
 // float32: the same against its [X][16]-float groups.
+// With bounds, only each row block's vectors of 16 columns that meet its rows' hull are written; the rest of s
+// keeps what it held (the caller reads a row only within its bounds).
 void rows_by_groups(const at::BFloat16* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh,
-                    int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds);
+                    int64_t S16, int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds,
+                    RowBounds bounds = {});
 void rows_by_groups(const float* a, int64_t lda, int64_t nr, const at::Tensor& groups, int64_t bh, int64_t S16,
-                    int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds);
+                    int64_t X, int64_t c0, int64_t ncols, float alpha, float* s, int64_t lds, RowBounds bounds = {});
 
 // o (nr, X; row stride ldo) += alpha * p[:, ka:kb] B[c0 + ka : c0 + kb], with B one kv head's `pairs`
 // (X = Dv for V, D for K) and p nr rows of stride ldp whose column 0 is key c0. c0 a multiple of 16.
 // Rows of B outside [c0 + ka, c0 + kb) are never part of the sum, even as 0 * B: a NaN there stays out.
+// With bounds (p 0 outside them), each row block sums over its rows' hull within [ka, kb) only.
 void bf16_rows_by_pairs(const at::BFloat16* p, int64_t ldp, int64_t nr, const at::Tensor& pairs, int64_t bh,
                         int64_t S16, int64_t X, int64_t c0, int64_t ka, int64_t kb, float alpha, float* o,
-                        int64_t ldo);
+                        int64_t ldo, RowBounds bounds = {});
 
 // c (kb - ka, X; row stride ldc) += alpha * a[:, ka:kb]^T b over nr rows, a an (nr, ncols) block given
 // as pair_rows and b an (nr, X) block given as pair_rows; X a multiple of 16. dV += P^T dO, dK += scale dS^T Q.
+// With bounds (a 0 outside them), each block of 6 keys sums over the rows whose bounds meet it only.
 void bf16_columns_by_pairs(const uint32_t* a_pairs, int64_t ncols, int64_t ka, int64_t kb, const uint32_t* b_pairs,
-                           int64_t X, int64_t nr, float alpha, float* c, int64_t ldc);
+                           int64_t X, int64_t nr, float alpha, float* c, int64_t ldc, RowBounds bounds = {});
 
 // float32 on the same micro-kernel (one element per word, FMA instead of vdpbf16ps); rows need no packing.
-// o (nr, X) += alpha * p[:, ka:kb] b[ka:kb], b row-major (row stride ldb) with X a multiple of 16.
+// o (nr, X) += alpha * p[:, ka:kb] b[ka:kb], b row-major (row stride ldb) with X a multiple of 16 (bounds: as
+// bf16_rows_by_pairs').
 void fp32_rows_by_rows(const float* p, int64_t ldp, int64_t nr, const float* b, int64_t ldb, int64_t X, int64_t ka,
-                       int64_t kb, float alpha, float* o, int64_t ldo);
+                       int64_t kb, float alpha, float* o, int64_t ldo, RowBounds bounds = {});
 
-// c (kb - ka, X) += alpha * a[:, ka:kb]^T b over nr rows, a (nr, lda) and b (nr, X) row-major; X a multiple of 16.
+// c (kb - ka, X) += alpha * a[:, ka:kb]^T b over nr rows, a (nr, lda) and b (nr, X) row-major; X a multiple of 16
+// (bounds: as bf16_columns_by_pairs').
 void fp32_columns_by_rows(const float* a, int64_t lda, int64_t ka, int64_t kb, const float* b, int64_t ldb, int64_t X,
-                          int64_t nr, float alpha, float* c, int64_t ldc);
+                          int64_t nr, float alpha, float* c, int64_t ldc, RowBounds bounds = {});
 
 }  // namespace attnlab

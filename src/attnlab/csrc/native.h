@@ -30,6 +30,8 @@
 #include <limits>
 #include <vector>
 
+#include "microkernel.h"
+
 namespace attnlab {
 
 // exp on vectors. float: at::vec's inline polynomial exp_u20 (<= 20 ulp, ~1.2e-6 relative; what
@@ -151,6 +153,12 @@ struct RowPlan {
   std::vector<int32_t> a, e;
   explicit RowPlan(int64_t n = 0) : kind(n), a(n), e(n) {}
 };
+
+// What the micro-kernel's products may skip of a planned block: nothing where every row is FULL, else the columns
+// outside each row's [a, e) (microkernel.h, RowBounds).
+inline RowBounds row_bounds(const RowPlan& rp, bool all_full) {
+  return all_full ? RowBounds{} : RowBounds{rp.a.data(), rp.e.data()};
+}
 
 // Key range [lo, hi) that rows r0..r1 of (b) may attend (hi <= lo: nothing).
 template <typename acc_t>

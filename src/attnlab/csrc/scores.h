@@ -13,13 +13,14 @@ namespace attnlab {
 // the path the call's K was packed for: the micro-kernel's 16-key groups (pk, not AMX), AMX's K^T columns
 // (pk->amx: brgemm has no alpha, so the softmax applies the scale), else the BLAS on kb's nk rows (row
 // stride ks2). Scaled by qk_alpha except on AMX. bhk: the (batch, kv head) index into the packed tensors.
+// bounds: each row's columns (microkernel.h); the micro-kernel computes only those of its row blocks' hulls.
 template <typename scalar_t, typename acc_t>
 inline void chunk_scores(const Problem<acc_t>& pb, const PackedKV* pk, const scalar_t* q, int64_t qs2,
                          const scalar_t* kb, int64_t ks2, int64_t bhk, int64_t nr, int64_t c0, int64_t nk,
-                         int64_t ncols, acc_t* s, int64_t lds) {
+                         int64_t ncols, acc_t* s, int64_t lds, RowBounds bounds) {
   if constexpr (!std::is_same_v<scalar_t, double>) {
     if (pk != nullptr && !pk->amx) {
-      rows_by_groups(q, qs2, nr, pk->k_groups, bhk, pk->S16, pb.D, c0, ncols, qk_alpha(pb), s, lds);
+      rows_by_groups(q, qs2, nr, pk->k_groups, bhk, pk->S16, pb.D, c0, ncols, qk_alpha(pb), s, lds, bounds);
       return;
     }
   }
