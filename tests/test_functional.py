@@ -469,6 +469,27 @@ def test_on_the_zen4_small_masked_requests_go_to_the_compiled_kernel_by_its_own_
     assert al.explain(h, h, h, causal=True).split("\n")[1].startswith("auto -> sdpa")
 
 
+@pytest.mark.parametrize("cls", ["avx512_bf16", "avx2"])
+def test_small_masked_training_in_another_dtype_says_the_figures_are_fp32s(monkeypatch, cls):
+    """The small-training rule (SMALL_TRAIN_FROM) was measured in fp32. fp16 below FP16_TRAIN_FROM scores and bf16 off
+    the tiles' head dims (D = 8) reach it on the Zen 4: their reason says the dtype was not measured and the figures
+    are fp32's (it quoted them as if measured for the request). An fp32 request keeps the figures alone."""
+    monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
+    cases = [(torch.float32, 16, 64, None), (torch.float32, 64, 64, None)]
+    if cls == "avx512_bf16":                     # on the Zen 3 fp16 and bf16 training take the kernel at any size
+        cases += [(torch.float16, 16, 64, "float16"), (torch.bfloat16, 32, 8, "bfloat16"),
+                  (torch.bfloat16, 64, 8, "bfloat16")]
+    for dtype, n, D, unmeasured in cases:
+        x = torch.empty(1, 8, n, D, dtype=dtype, requires_grad=True)
+        line = al.explain(x, x, x, mask=al.masks.padding([n - 1])).split("\n")[1]
+        want = "sdpa" if n * n < 64 * 64 else "native"
+        if unmeasured is None:
+            assert line.startswith(f"auto -> {want}: with gradients") and "fp32" in line, line
+        else:
+            assert line.startswith(f"auto -> {want}: {unmeasured} with gradients and a mask at this size was not "
+                                   "measured") and "the fp32 figures decide: with gradients" in line, line
+
+
 def test_fp16_on_amx_keeps_sdpa_for_plain_requests_and_says_where_fp16_was_measured(amx):
     """No fp16 figure was measured on AMX (where torch has AVX512-FP16): a plain fp16 request stays on SDPA, and a
     masked one goes to the compiled kernel (it went to the Python tiled kernel while the compiled one refused

@@ -166,8 +166,8 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
             if not req.needs_grad:
                 return "native", figures["small dense" if elementwise else "small masked"]
             if isinstance(req.bias, StructuredBias) or L * S >= SMALL_TRAIN_FROM:
-                return "native", figures["small training"]
-            return "sdpa", figures["small training to sdpa"]
+                return "native", _as_measured(req.q.dtype, figures["small training"])
+            return "sdpa", _as_measured(req.q.dtype, figures["small training to sdpa"])
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
         measured = _off_amx()
@@ -223,6 +223,17 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
                      + "; ".join(f"{b.name}: {why}" for b, why in candidates(req) if why))
 
 
+def _as_measured(dtype: torch.dtype, fp32_why: str) -> str:
+    """A small-training reason, measured in fp32, as it applies to a request of ``dtype``: the figures themselves for
+    fp32; for another dtype (bf16 off the tiles' head dims, fp16 below FP16_TRAIN_FROM scores, fp64), said to be
+    fp32's, which decide where that dtype was not measured."""
+    if dtype == torch.float32:
+        return fp32_why
+    name = str(dtype).removeprefix("torch.")
+    return (f"{name} with gradients and a mask at this size was not measured on this CPU class, and the fp32 "
+            f"figures decide: {fp32_why}")
+
+
 def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str:
     """What was measured of the compiled kernel against SDPA or FlexAttention with a mask or bias, on this CPU's
     class and dtype (or, for fp16 off the one class where fp16 was measured, that class's figures, by name)."""
@@ -241,8 +252,8 @@ def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str
     if amx_bf16:
         return (f"measured 1.65-5.9x the sdpa backend's bf16 speed with a W = 256 window and 2.4-3.6x with 8 "
                 f"documents at n = 1024, 4096, off the AMX path ({XEON_AMX})")
-    return (f"measured 1.85-1.90x FlexAttention's fp32 forward on a W = 256 window, 8 documents and ALiBi "
-            f"at n = 8192 ({ZEN4}; docs/benchmarks.md, 'Issue #14, third round')")
+    return (f"measured 1.92-2.14x FlexAttention's fp32 forward on a W = 256 window, 1.69x with 8 documents and "
+            f"1.81x with ALiBi at n = 8192 ({ZEN4}; docs/benchmarks.md, 'Issue #27: row bounds')")
 
 
 def _tuned(req: AttentionRequest, plain: bool) -> Optional[tuple[str, str]]:
