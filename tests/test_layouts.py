@@ -93,6 +93,21 @@ def test_mixed_layouts_with_each_mask(backend, dtype, mask, bias):
     check(backend, dataclasses.replace(MKL_SHAPE, **layouts, mask=mask), dtype)
 
 
+# D == Dv, which takes SDPA's flash kernel (the shapes above, Dv != D, run its math path), and GQA.
+FLASH_SHAPE = fuzz.Config(B=2, H=2, Hkv=1, L=33, S=17, D=80, Dv=80, seed=3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("tensor", ["q", "k", "v"])
+@pytest.mark.parametrize("mask", ["none", "window"])
+def test_overlapping_rows_on_sdpas_flash_path(backend, dtype, tensor, mask):
+    """One tensor a signal's ``unfold`` (rows one element apart): torch's CPU SDPA misread such a q, its flash kernel
+    off by up to 10^13 and its bf16 backward failing in oneDNN (``backends.sdpa.rows_overlap``). The sdpa backend
+    copies it, and auto's shortcut leaves it to the backend (mask "none": the shortcut's path)."""
+    check(backend, dataclasses.replace(FLASH_SHAPE, **{tensor: "sliding"}, mask=mask), dtype)
+
+
 SIZE_ONE = {                                    # one size-1 dim each (H = 1 needs Hkv = 1)
     "B": dict(B=1), "H": dict(H=1, Hkv=1), "L": dict(L=1), "S": dict(S=1), "D": dict(D=1), "Dv": dict(Dv=1),
 }

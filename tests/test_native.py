@@ -144,7 +144,8 @@ def test_pack_bits_round_trip_across_word_edges(S, little_endian, monkeypatch):
     monkeypatch.setattr(tiles, "_LITTLE_ENDIAN", little_endian)
     m = torch.rand(2, 3, 5, S, generator=torch.Generator().manual_seed(0)) > 0.5
     m[..., -1] = True                                                          # bit 63 of a full last word
-    for given in (m, m.transpose(-1, -2).contiguous().transpose(-1, -2), m[:1].expand(2, 3, 5, S)):
+    reversed_dims = m.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)       # numpy kept its order (a crash)
+    for given in (m, m.transpose(-1, -2).contiguous().transpose(-1, -2), m[:1].expand(2, 3, 5, S), reversed_dims):
         words = pack_bits(given)                                               # (2, 3, 5, ceil(S / 64))
         assert words.dtype == torch.int64 and words.shape == (2, 3, 5, -(-S // 64))
         j = torch.arange(S)

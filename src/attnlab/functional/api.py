@@ -41,13 +41,17 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
         return None
     B, H, L, D = qs
     Bk, Hkv, S, Dk = ks
+    qst, kst, vst = q.stride(), k.stride(), v.stride()
     dt = q.dtype
     if not (dt in _PLAIN_DTYPES and k.dtype == dt and v.dtype == dt and Bk == B and Dk == D
             and Hkv > 0 and H % Hkv == 0 and D > 0 and L > 0 and S > 0 and L * S <= SMALL_PROBLEM
             and (causal is False or (causal is True and (L == S or L == 1)))
             and (scale is None or (type(scale) is float and math.isfinite(scale)))
             and q.is_cpu and k.is_cpu and v.is_cpu
-            and q.stride()[-1] == 1 and k.stride()[-1] == 1 and v.stride()[-1] == 1
+            and qst[-1] == 1 and kst[-1] == 1 and vst[-1] == 1
+            # rows_overlap (backends/sdpa.py), inline on the strides read: torch's SDPA misreads such rows; the
+            # backend copies them
+            and not (L > 1 < D and 0 < qst[-2] < D) and not (S > 1 < D and (0 < kst[-2] < D or 0 < vst[-2] < D))
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
     # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (decode steps: too few queries)

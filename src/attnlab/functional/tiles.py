@@ -111,7 +111,9 @@ def pack_bits(allowed: Tensor) -> Tensor:
     x = allowed.cpu()
     x = torch.nn.functional.pad(x, (0, pad)) if pad else x                          # (.., S + pad) bool
     if _LITTLE_ENDIAN and not torch.compiler.is_compiling():           # a graph's tensors have no numpy form
-        return torch.from_numpy(np.packbits(x.numpy(), axis=-1, bitorder="little")).view(torch.int64)
+        # C order in: packbits keeps its input's memory order, and the bytes must run along the keys to read as words
+        bits = np.packbits(np.ascontiguousarray(x.numpy()), axis=-1, bitorder="little")
+        return torch.from_numpy(bits).view(torch.int64)
     x = x.unflatten(-1, (-1, 64)).long()                                            # (.., W, 64)
     weights = torch.ones(64, dtype=torch.long).bitwise_left_shift(torch.arange(64))     # 2^k (bit 63 wraps)
     return (x * weights).sum(-1).contiguous()     # distinct bits never carry, so the sum is an OR

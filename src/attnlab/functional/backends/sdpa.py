@@ -116,6 +116,16 @@ def _check_memory(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Mask], bias: O
                              "memory), or 'auto'")
 
 
+def rows_overlap(stride: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Do a tensor's rows (its last dim) overlap in memory -- a row stride between 0 and the row width, as in a
+    signal's ``unfold`` -- with more than one row of more than one element? torch's CPU SDPA misreads such an input:
+    with a row stride of 1 (torch 2.13.0; the last stride 1 too) its flash kernel returned outputs off by up to
+    10^13 and, given bf16 gradients, failed in oneDNN ('could not construct a memory descriptor'); strides 40 and
+    79 at D = 80 came out right, but no torch kernel documents overlapping rows. A stride of 0 (rows expanded) it
+    reads right. scripts/layout_fuzz.py's 'sliding' layout found it."""
+    return shape[-2] > 1 and shape[-1] > 1 and 0 < stride[-2] < shape[-1]
+
+
 def sdpa_kernel_kind(req: AttentionRequest) -> str:
     """Which SDPA kernel a request gets on CPU: 'flash' or 'math' (mirrors torch's own choice,
     ``torch._fused_sdp_choice``, which a test keeps in step)."""
@@ -155,6 +165,7 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
             attn_mask = b if allowed is None else b.masked_fill(~allowed, float("-inf"))
         else:
             attn_mask = allowed
+    q, k, v = (t.contiguous() if rows_overlap(t.stride(), t.shape) else t for t in (q, k, v))   # one copy: see there
     kw = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     # enable_gqa only where the heads differ, decided by an `if`: torch.compile(dynamic=True) guards on the
     # branch, whereas `enable_gqa=H != Hkv` would pass a SymBool, which SDPA refuses (issue #26)
