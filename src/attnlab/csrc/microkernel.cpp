@@ -319,7 +319,6 @@ void by_key_blocks(int64_t ka, int64_t kb, int64_t nr, const RowBounds& rb, cons
   }
 }
 
-
 }  // namespace
 
 void pair_rows(const float* x, int64_t ld, int64_t n, int64_t X, uint32_t* out) {
