@@ -225,7 +225,10 @@ ZEN4_MEASURED = {
                    "measured 1.11-1.78x the sdpa backend's causal forward and 1.06-1.91x its causal forward+backward "
                    "at n = 128-512, 1.10-1.14x its forward without a mask at n = 384-512 and 1.06-1.32x that "
                    "forward+backward at n = 256-512, in two runs, and 1.05-1.16x the forward with 64-256 queries over "
-                   "1024-4096 keys (512^2 scores); below those sizes a tie (0.95-1.05x) or slower, D = 64 "
+                   "1024-4096 keys (512^2 scores); since it skips the causal diagonal's empty half, torch SDPA's causal "
+                   "forward+backward 1.18-1.31x at n = 80 in four of six runs (0.97-0.99x in two) and 1.09-1.65x at "
+                   "88-128, its causal forward 1.08-1.47x at n = 88 in four runs and 0.94-2.04x (a median 1.49x) at "
+                   "96-128; at n = 64 0.77-0.87x, D = 64 "
                    f"({ZEN4})"),
     "small masked": ("a structured mask or bias below 512^2 scores: the compiled kernel measured 1.24-5.8x the "
                      "sdpa backend's fp32 forward, 1.5-7.7x bf16 and 1.7-9.6x fp16 with key padding, a W = 64 window "
@@ -260,9 +263,11 @@ BF16_SMALL_FWD_FROM = {False: 96, True: 64}
 BF16_DECODE_KEYS_FROM = 1024
 # Plain fp32 below 512^2 scores on the Zen 4's tiles: the kernel from this many scores, by (causal, with gradients),
 # where the queries and the keys both number at least FP32_SMALL_MIN (fewer query rows run on the BLAS path, whose
-# decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"].
-FP32_SMALL_FROM = {(False, False): 384 * 384, (False, True): 256 * 256, (True, False): 128 * 128,
-                   (True, True): 128 * 128}
+# decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"]. Causal: 128^2 until the row bounds (issue #27's
+# "row bounds"), which skip the diagonal's empty half: since, 80^2 with gradients, 88^2 forward (below, at n = 64, the
+# kernel measured 0.77-0.87x torch SDPA; at 80 forward a tie, 0.90-1.28x in six runs).
+FP32_SMALL_FROM = {(False, False): 384 * 384, (False, True): 256 * 256, (True, False): 88 * 88,
+                   (True, True): 80 * 80}
 FP32_SMALL_MIN = 64
 #: the figures and thresholds of the classes measured off AMX, by class (avx512 runs the avx512_bf16 code, other the
 #: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel; none of them has a fast
