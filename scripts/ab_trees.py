@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 
 def _case(spec: str):
@@ -31,19 +30,15 @@ def time_cases(specs: list[str], repeats: int) -> dict:
     from attnlab.bench.cases import attnlab_mask, make_inputs
     from attnlab.bench.contestants import timed_step
     from attnlab.functional import attention
+    from attnlab.measure.timing import time_median
     out = {}
     for spec in specs:
         case = _case(spec)
         q, k, v = make_inputs(case)
         mask, bias = attnlab_mask(case)
         step = timed_step(case, q, k, v, lambda: attention(q, k, v, mask=mask, bias=bias, backend="native"))
-        step(), step()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[spec] = statistics.median(times)
+        step()                                                     # the first warm-up; time_median makes the second
+        out[spec] = time_median(step, repeats).median_s * 1e3
     return out
 
 
@@ -62,8 +57,8 @@ def main() -> None:
         return
     if not (args.old and args.new):
         p.error("--old and --new are both needed")
-    for _ in map(_case, args.cases):              # a malformed case fails here, not in a child
-        pass
+    for c in args.cases:                          # a malformed case fails here, not in a child
+        _case(c)
     runs = {"old": {c: [] for c in args.cases}, "new": {c: [] for c in args.cases}}
     for r in range(args.rounds):
         for tree in (("old", "new") if r % 2 == 0 else ("new", "old")):

@@ -13,7 +13,7 @@ from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_memo import decided
 from .auto_rule import SMALL_PROBLEM, candidates, rule_source, skippable
 from .backends.reference import reference_attention
-from .backends.sdpa import NAN_SAFE_S, finite
+from .backends.sdpa import NAN_SAFE_S, finite, rows_overlap
 from .dropout import new_seed
 from .masks import CausalMask, DenseMask
 from .masks import parts as mask_parts
@@ -49,9 +49,8 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and (scale is None or (type(scale) is float and math.isfinite(scale)))
             and q.is_cpu and k.is_cpu and v.is_cpu
             and qst[-1] == 1 and kst[-1] == 1 and vst[-1] == 1
-            # rows_overlap (backends/sdpa.py), inline on the strides read: torch's SDPA misreads such rows; the
-            # backend copies them
-            and not (L > 1 < D and 0 < qst[-2] < D) and not (S > 1 < D and (0 < kst[-2] < D or 0 < vst[-2] < D))
+            # torch's SDPA misreads overlapping rows: the backend copies them
+            and not (rows_overlap(qst, qs) or rows_overlap(kst, ks) or rows_overlap(vst, ks))
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
     # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (decode steps: too few queries)
