@@ -136,8 +136,8 @@ def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkey
     assert auto_rule.FP32_SMALL_MIN == 64
     cases = ((72, 72, True, False), (80, 80, True, grad), (84, 84, True, grad), (88, 88, True, True),
              (128, 128, True, True), (512, 512, True, True), (256, 256, False, grad),
-             (287, 288, False, grad), (288, 288, False, True), (384, 384, False, True), (512, 512, False, True), (64, 4096, False, True),
-             (63, 4096, False, False), (4096, 63, False, False), (32, 32, False, False))
+             (287, 288, False, grad), (288, 288, False, True), (384, 384, False, True), (512, 512, False, True),
+             (64, 4096, False, True), (63, 4096, False, False), (4096, 63, False, False), (32, 32, False, False))
     for cls in ("avx512_bf16", "avx2", "amx"):
         monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
         for L, S, causal, kernel in cases:

@@ -48,10 +48,11 @@ def test_a_build_that_cannot_run_is_refused_by_name(isa, why):
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", native_build.runnable_isas())
 def test_every_build_this_cpu_runs_passes_the_conformance_suite(isa):
-    """The kernel's own tests, its tiles', NaN agreement, the property tests and the layouts, per level."""
+    """The kernel's own tests, its tiles', random masks over many tiles, NaN agreement, the property tests and the
+    layouts, per level."""
     env = dict(os.environ, **{native_build.ENV: isa})
-    files = ["tests/test_native.py", "tests/test_native_tiles.py", "tests/test_nan_agreement.py",
-             "tests/test_properties.py", "tests/test_layouts.py"]
+    files = ["tests/test_native.py", "tests/test_native_tiles.py", "tests/test_native_masks.py",
+             "tests/test_nan_agreement.py", "tests/test_properties.py", "tests/test_layouts.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
