@@ -147,31 +147,6 @@ float row_max(const float* row, int64_t a, int64_t e) {
   return mx;
 }
 
-#ifdef ATTNLAB_AMX_VECTORS
-namespace {
-
-// 2^x for x < 128 or NaN (the softmax's arguments are <= 0), in 10 instructions: x clamped at -160, where
-// 2^x is 0 in float (so a -inf score weighs exactly 0; vmaxps returns its second operand, x, when one is
-// NaN, so NaN stays NaN), split as n + f with n = round(x) and |f| <= 1/2, 2^f = 1 + f q(f) with q of
-// degree 4, and 2^n applied by vscalefps. q's coefficients: a weighted least-squares fit of (2^f - 1) / f on
-// [-1/2, 1/2] iterated towards the minimax relative error (Lawson), rounded to float: 1.9e-7 relative at most
-// over 200,001 points, against ~2.4e-6 for at::vec's exp_u20. The probabilities are rounded to bfloat16
-// (2^-9) right after.
-constexpr float kLog2e = 1.4426950408889634f;   // exp(y) = 2^(log2(e) y)
-
-inline __m512 exp2_clamped(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(0.001326472731307149f), f, _mm512_set1_ps(0.009671512991189957f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.05550733581185341f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.24022242426872253f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6931470036506653f));
-  return _mm512_scalef_ps(_mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f)), n);
-}
-
-}  // namespace
-#endif
 
 float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m, at::BFloat16* out) {
   using Vec = at::vec::Vectorized<float>;
@@ -199,8 +174,8 @@ float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m,
   const Vec vs(scale), vneg(-m);
   Vec vsum(0.0f);
   for (; j + 2 * VW <= e; j += 2 * VW) {
-    const Vec p0 = vexp(at::vec::fmadd(Vec::loadu(row + j), vs, vneg));
-    const Vec p1 = vexp(at::vec::fmadd(Vec::loadu(row + j + VW), vs, vneg));
+    const Vec p0 = at::vec::fmadd(Vec::loadu(row + j), vs, vneg).exp_u20();
+    const Vec p1 = at::vec::fmadd(Vec::loadu(row + j + VW), vs, vneg).exp_u20();
     vsum = vsum + p0 + p1;
     at::vec::convert_float_bfloat16(p0, p1).store(out + j);
   }
@@ -228,7 +203,8 @@ void row_exp_inplace(float* row, int64_t a, int64_t e, float scale, float lse) {
 #else
   using Vec = at::vec::Vectorized<float>;
   const Vec vs(scale), vneg(-lse);
-  for (; j + Vec::size() <= e; j += Vec::size()) vexp(at::vec::fmadd(Vec::loadu(row + j), vs, vneg)).store(row + j);
+  for (; j + Vec::size() <= e; j += Vec::size())
+    at::vec::fmadd(Vec::loadu(row + j), vs, vneg).exp_u20().store(row + j);
 #endif
   for (; j < e; ++j) row[j] = std::exp(std::fma(row[j], scale, -lse));
 }

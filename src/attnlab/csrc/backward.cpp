@@ -158,7 +158,7 @@ class BackwardHead {
         continue;
       }
       const int64_t a = rp_.a[r], e = rp_.e[r];
-      if (std::isnan(lse_r)) {                                   // exp_u20 would hide a NaN
+      if (std::isnan(lse_r)) {                                   // exp_u20 (avx2) would hide a NaN
         nan_rows_ = true;
         std::fill(row, row + nk, lse_r);
         std::fill(row + nk, row + ncols, acc_t(0));
@@ -179,7 +179,7 @@ class BackwardHead {
         row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * lds_);
         const Vec vl(lse_r);
         int64_t j = a;
-        for (; j + VW <= e; j += VW) vexp(Vec::loadu(row + j) - vl).store(row + j);
+        for (; j + VW <= e; j += VW) vexp_from(Vec::loadu(row + j), vl).store(row + j);
         for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
       }
       std::fill(row, row + a, acc_t(0));

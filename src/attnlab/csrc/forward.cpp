@@ -53,7 +53,7 @@ void softmax_row(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int
     Vec vsum(acc_t(0));
     int64_t j = a;
     for (; j + VW <= e; j += VW) {
-      Vec p = vexp(Vec::loadu(row + j) - vm);
+      Vec p = vexp_from(Vec::loadu(row + j), vm);
       p.store(row + j);
       vsum = vsum + p;
     }
@@ -75,8 +75,9 @@ void softmax_row(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int
   }
 }
 
-// The AMX path's row: softmax_row's result written straight as bfloat16 probabilities into `pr`
-// (ncols, zeros outside the row's keys), the GEMM's missing scale applied on the way. A plain row
+// A bfloat16 row on AMX or the AVX-512 tiles: softmax_row's result written straight as bfloat16 probabilities
+// into `pr` (ncols, zeros outside the row's keys), the GEMM's missing scale applied on the way (AMX; the tiles'
+// products applied it: scale 1). A plain row
 // (no bias, softcap, dropout or per-key mask; scale > 0, which keeps the order of the scores) takes
 // two passes over the raw scores: their max, then exp(scale * s - m) with its sum and its rounding
 // to bfloat16 in one. Any other row runs softmax_row and is rounded after.
@@ -191,9 +192,9 @@ class ForwardTiles {
     for (int64_t r = 0; r < nr_; ++r) {
       acc_t* row = s_.data() + r * lds_;
       if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-        if (amx_) {
-          softmax_row_bf16(pb_, b_, h_, r0_, r, c0, ncols, rp_, row, m_.data(), l_.data(), o_.data(), qk_alpha(pb_),
-                           p_in_.data() + r * lds_);
+        if (amx_ || tiles16_) {     // the tiles' products applied the scale (alpha); brgemm did not
+          softmax_row_bf16(pb_, b_, h_, r0_, r, c0, ncols, rp_, row, m_.data(), l_.data(), o_.data(),
+                           amx_ ? qk_alpha(pb_) : 1.0f, p_in_.data() + r * lds_);
           continue;
         }
       }
