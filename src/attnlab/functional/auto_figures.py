@@ -41,14 +41,14 @@ XEON_AMX = "Intel Xeon with AMX, 2 threads"
 TILES_MEASURED = {
     torch.float32: ("1.06-1.17x SDPA's forward without a mask and 1.10-1.53x with a causal one at n = 1024-16384, "
                     f"1.27-1.30x and 1.34-1.71x its forward+backward at n = 1024-4096 ({ZEN4})"),
-    torch.bfloat16: ("1.71-1.85x SDPA's forward without a mask and 1.86-2.25x with a causal one at n = 1024-16384, "
-                     f"1.54-1.63x and 1.67-2.05x its forward+backward at n = 1024-4096 ({ZEN4})"),
+    torch.bfloat16: ("2.17-2.24x SDPA's forward without a mask and 2.28-2.69x with a causal one at n = 1024-16384, "
+                     f"1.76-1.90x and 1.99-2.17x its forward+backward at n = 1024-4096 ({ZEN4})"),
 }
 # On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
 # does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
 # there (docs/benchmarks.md, "Issue #27: bf16 on AMX tiles", B=1 H=8, n = 1024-8192, D = 64 and 128):
 # * bf16 on AMX: the compiled kernel AMX_TRAIN of SDPA's forward+backward (the kernel). Its forward, since the
-#   softmax's own exp (amx.cpp; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
+#   softmax's own exp (native.h exp2_clamped; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
 #   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 and 0.97-1.18x at 1024 (median 1.07x of the five
 #   grid and tune runs of 3 Dec 2026: the kernel from n = 1024, "Issue #27: auto on a noisy day"), and
 #   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128.
