@@ -170,12 +170,7 @@ class BackwardHead {
         if (fused) row_exp_inplace(row, a, e, scale_, lse_r);
       }
       if (!fused) {
-        if (amx_) {                                              // the scale brgemm did not apply
-          const Vec vs(scale_);
-          int64_t j = a;
-          for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
-          for (; j < e; ++j) row[j] *= scale_;
-        }
+        if (amx_) scale_row(row, a, e, scale_);                   // the scale brgemm did not apply
         row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * lds_);
         const Vec vl(lse_r);
         int64_t j = a;

@@ -26,12 +26,7 @@ void softmax_row(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int
   const int8_t kind = rp.kind[r];
   if (kind == kEmpty) { std::fill(row, row + ncols, acc_t(0)); return; }
   const int64_t a = rp.a[r], e = rp.e[r], i = r0 + r;
-  if (prescale != acc_t(1)) {                     // the scale, where the GEMM had no alpha (AMX)
-    const Vec vs(prescale);
-    int64_t j = a;
-    for (; j + VW <= e; j += VW) (Vec::loadu(row + j) * vs).store(row + j);
-    for (; j < e; ++j) row[j] *= prescale;
-  }
+  scale_row(row, a, e, prescale);                 // the scale, where the GEMM had no alpha (AMX)
   row_logits(pb, b, h, i, c0, kind, a, e, row, static_cast<acc_t*>(nullptr));
   // running max over the allowed columns only
   acc_t mx = ninf;
@@ -77,23 +72,27 @@ void softmax_row(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int
 
 // A bfloat16 row on AMX or the AVX-512 tiles: softmax_row's result written straight as bfloat16 probabilities
 // into `pr` (ncols, zeros outside the row's keys), the GEMM's missing scale applied on the way (AMX; the tiles'
-// products applied it: scale 1). A plain row
-// (no bias, softcap, dropout or per-key mask; scale > 0, which keeps the order of the scores) takes
-// two passes over the raw scores: their max, then exp(scale * s - m) with its sum and its rounding
-// to bfloat16 in one. Any other row runs softmax_row and is rounded after.
+// products applied it: scale 1). Two passes over the scores: their max, then exp(scale * s - m) with its sum and
+// its rounding to bfloat16 in one. A plain row (no bias, softcap or per-key mask; scale > 0, which keeps the
+// order of the scores) takes them over the raw scores; any other row first gets its logits in place (the scale,
+// softcap, bias, mask: row_logits). With dropout (applied after the sum) a row runs softmax_row and is rounded
+// after.
 void softmax_row_bf16(const Problem<float>& pb, int64_t b, int64_t h, int64_t r0, int64_t r, int64_t c0,
                       int64_t ncols, const RowPlan& rp, float* row, float* m, float* l, float* o, float scale,
                       at::BFloat16* pr) {
   const int8_t kind = rp.kind[r];
   const at::BFloat16 zero(0.0f);
-  const bool plain = kind != kEmpty && kind != kMasked && pb.softcap == 0.0 && pb.bias_kind == 0 &&
-                     pb.drop.p == 0.0 && scale > 0.0f;
-  if (!plain) {
+  if (kind == kEmpty || pb.drop.p != 0.0) {
     softmax_row(pb, b, h, r0, r, c0, ncols, rp, row, m, l, o, scale);
     at::vec::convert(row, pr, ncols);
     return;
   }
   const int64_t a = rp.a[r], e = rp.e[r];
+  if (kind == kMasked || pb.softcap != 0.0 || pb.bias_kind != 0 || !(scale > 0.0f)) {
+    scale_row(row, a, e, scale);
+    row_logits(pb, b, h, r0 + r, c0, kind, a, e, row, static_cast<float*>(nullptr));
+    scale = 1.0f;
+  }
   const float m_new = nan_max(m[r], row_max(row, a, e) * scale);
   if (m_new == -std::numeric_limits<float>::infinity()) {            // every score -inf (inf inputs)
     std::fill(pr, pr + ncols, zero);

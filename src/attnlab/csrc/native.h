@@ -319,6 +319,17 @@ inline void mask_unset_bits(const uint64_t* words, int64_t c0, int64_t j, int64_
   }
 }
 
+// row[a:e) *= scale, where a product had no alpha to apply it (AMX's brgemm); nothing when scale is 1.
+template <typename acc_t>
+inline void scale_row(acc_t* row, int64_t a, int64_t e, acc_t scale) {
+  if (scale == acc_t(1)) return;
+  using Vec = at::vec::Vectorized<acc_t>;
+  const Vec vs(scale);
+  int64_t j = a;
+  for (; j + Vec::size() <= e; j += Vec::size()) (Vec::loadu(row + j) * vs).store(row + j);
+  for (; j < e; ++j) row[j] *= scale;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Logits of one row, in place over columns [a, e) of the chunk starting at key c0:
 //   s = scale * q.k  ->  softcap * tanh(s / softcap)  ->  + bias  ->  -inf if masked.
