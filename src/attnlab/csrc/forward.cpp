@@ -32,9 +32,13 @@ void softmax_row(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t r0, int
   acc_t mx = ninf;
   {
     int64_t j = a;
-    Vec vmx(ninf);
+    Vec vmx(ninf), vmx1(ninf);           // two chains: vmaxps's latency, not its throughput, bounds one
+    for (; j + 2 * VW <= e; j += 2 * VW) {
+      vmx = at::vec::maximum(vmx, Vec::loadu(row + j));
+      vmx1 = at::vec::maximum(vmx1, Vec::loadu(row + j + VW));
+    }
     for (; j + VW <= e; j += VW) vmx = at::vec::maximum(vmx, Vec::loadu(row + j));
-    mx = hmax(vmx);
+    mx = hmax(at::vec::maximum(vmx, vmx1));
     for (; j < e; ++j) mx = nan_max(mx, row[j]);
   }
   const acc_t m_new = nan_max(m[r], mx);
