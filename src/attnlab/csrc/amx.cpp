@@ -147,7 +147,6 @@ float row_max(const float* row, int64_t a, int64_t e) {
   return mx;
 }
 
-
 float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m, at::BFloat16* out) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t VW = Vec::size();

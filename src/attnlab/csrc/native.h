@@ -64,8 +64,10 @@ inline __m512 exp2_clamped(__m512 x) {
 // float with AVX-512: exp2_clamped((x - m) log2(e)); x - m first, exact where x is near m (Sterbenz), so a row
 // of large logits loses nothing to rounding m log2(e). float on AVX2: at::vec's inline polynomial exp_u20 (<= 20
 // ulp; what torch's own CPU flash kernel uses) instead of Sleef's exp, an out-of-line call per vector. Both
-// errors stay below the fp32 reference's own (the conformance suite checks this); both give 0 for -inf and NaN
-// for NaN. double: Sleef's 1-ulp exp.
+// errors stay below the fp32 reference's own (the conformance suite checks this) and both give 0 for -inf; NaN
+// stays NaN in exp2_clamped, but exp_u20 clamps it to a finite value, so no caller relies on the exp for a NaN
+// row (the forward's NaN max reaches l through std::exp's corr, the backward takes a NaN lse's row apart).
+// double: Sleef's 1-ulp exp.
 template <typename T>
 inline at::vec::Vectorized<T> vexp_from(const at::vec::Vectorized<T>& x, const at::vec::Vectorized<T>& m) {
   return (x - m).exp();
