@@ -66,7 +66,8 @@ def make_mask(kind: str, B: int, H: int, L: int, S: int, draw, g: torch.Generato
 
 @st.composite
 def problems(draw):
-    """(q, k, v, mask, bias, kwargs for the kernel, kwargs for every backend, description)."""
+    """(q, k, v, mask, bias (None, a tensor or "alibi"), the kernel's tile sizes, kwargs for every backend
+    (softcap, dropout), a description)."""
     Hkv = draw(st.integers(1, 2))
     B, H = draw(st.integers(1, 2)), Hkv * draw(st.integers(1, 3))
     L = draw(st.sampled_from(ROWS))
