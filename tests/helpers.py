@@ -103,8 +103,11 @@ def errors(fn, q, k, v, bias, mask, scale=None, seed=0, dout=None, grad=True, **
     given; the two references get row-major copies of the same values, so a layout the reference
     mishandled could not hide in its own yardstick (tests/test_layouts.py). ``grad=False``: outputs
     only, no tensor requires grad. ``kw`` (softcap, dropout_p, dropout_seed...) goes to all three.
+    ``bias`` may also be a structured bias's maker, ``dtype -> bias`` (``lambda dt: ALiBi(H).to(dt).bias()``):
+    each of the three gets it in its own dtype, and there is no dbias.
     Returns {name: (candidate_err, reference_err)} for out, dq, dk, dv (and dbias).
     """
+    made = callable(bias) and not isinstance(bias, torch.Tensor)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if dout is None:
         g = torch.Generator().manual_seed(seed + 7)
@@ -113,8 +116,9 @@ def errors(fn, q, k, v, bias, mask, scale=None, seed=0, dout=None, grad=True, **
     def run(f, dtype, as_given=False):
         # a fresh row-major copy: .to() keeps a same-dtype view, and .contiguous() a size-1 dim's odd stride
         lay = (lambda t: t) if as_given else (lambda t: t.clone(memory_format=torch.contiguous_format))
-        leaves = [lay(t.detach().to(dtype)).requires_grad_(grad) if t is not None else None for t in (q, k, v, bias)]
-        out = f(*leaves[:3], mask=mask, bias=leaves[3], scale=scale, **kw)
+        leaves = [lay(t.detach().to(dtype)).requires_grad_(grad) if t is not None else None
+                  for t in (q, k, v, None if made else bias)]
+        out = f(*leaves[:3], mask=mask, bias=bias(dtype) if made else leaves[3], scale=scale, **kw)
         if grad:
             out.backward(lay(dout.to(out.dtype)))
         return [out.detach()] + [t.grad if t is not None else None for t in leaves]
