@@ -225,7 +225,7 @@ ZEN4_MEASURED = {
                    "measured 1.11-1.78x the sdpa backend's causal forward and 1.06-1.91x its causal forward+backward "
                    "at n = 128-512, 1.10-1.14x its forward without a mask at n = 384-512 and 1.06-1.32x that "
                    "forward+backward at n = 256-512, in two runs (and 1.05-1.34x torch SDPA's forward without a mask "
-                   "at n = 288-352 in three more, 0.99-1.10x at 256; 1.00-1.01x at 288 with D = 128), and "
+                   "at n = 288-352 in three more, 0.98-1.10x at 256; 1.00-1.01x at 288 with D = 128), and "
                    "1.05-1.16x the forward with 64-256 queries over "
                    "1024-4096 keys (512^2 scores); since it skips the causal diagonal's empty half, 1.18-1.31x torch "
                    "SDPA's causal forward+backward at n = 80 in four of six runs (0.97-0.99x in two) and 1.09-1.65x "
@@ -268,7 +268,7 @@ BF16_DECODE_KEYS_FROM = 1024
 # decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"]. Causal: 128^2 until the row bounds (issue #27's
 # "row bounds"), which skip the diagonal's empty half: since, 80^2 with gradients, 88^2 forward (below, at n = 64, the
 # kernel measured 0.77-0.87x torch SDPA; at 80 forward a tie, 0.90-1.28x in six runs). Without a mask, forward: 384^2
-# until n = 288-352 were measured (1.05-1.34x torch SDPA in three runs; 256 a tie, 0.99-1.10x).
+# until n = 288-352 were measured (1.05-1.34x torch SDPA in three runs; 256 a tie, 0.98-1.10x).
 FP32_SMALL_FROM = {(False, False): 288 * 288, (False, True): 256 * 256, (True, False): 88 * 88,
                    (True, True): 80 * 80}
 FP32_SMALL_MIN = 64
