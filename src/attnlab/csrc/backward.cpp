@@ -166,7 +166,7 @@ class BackwardHead {
       }
       bool fused = false;                                        // plain row on AMX: scale and exp in one pass
       if constexpr (std::is_same_v<acc_t, float>) {
-        fused = amx_ && kind != kMasked && pb_.softcap == 0.0 && pb_.bias_kind == 0;
+        fused = amx_ && raw_logits(pb_, kind);
         if (fused) row_exp_inplace(row, a, e, scale_, lse_r);
       }
       if (!fused) {

@@ -92,7 +92,7 @@ void softmax_row_bf16(const Problem<float>& pb, int64_t b, int64_t h, int64_t r0
     return;
   }
   const int64_t a = rp.a[r], e = rp.e[r];
-  if (kind == kMasked || pb.softcap != 0.0 || pb.bias_kind != 0 || !(scale > 0.0f)) {
+  if (!raw_logits(pb, kind) || !(scale > 0.0f)) {
     scale_row(row, a, e, scale);
     row_logits(pb, b, h, r0 + r, c0, kind, a, e, row, static_cast<float*>(nullptr));
     scale = 1.0f;
@@ -189,8 +189,8 @@ class ForwardTiles {
     chunk_scores(pb_, io_.pk, qt_, io_.qs[2], kb_, io_.ks[2], bhk_, nr_, c0, nk, ncols, s_.data(), lds_, bounds);
   }
 
-  // The online softmax over the chunk, row by row: m, l and o's rows updated, S turned into P (rounded
-  // to the input type where the next product reads it so).
+  // The online softmax over the chunk, row by row: m, l and o's rows updated, S turned into P (bfloat16 on the
+  // tiles and AMX: rounded by softmax_row_bf16 into p_in_; the BLAS path's accumulate rounds it).
   void softmax(int64_t c0, int64_t ncols) {
     for (int64_t r = 0; r < nr_; ++r) {
       acc_t* row = s_.data() + r * lds_;
@@ -202,7 +202,6 @@ class ForwardTiles {
         }
       }
       softmax_row(pb_, b_, h_, r0_, r, c0, ncols, rp_, row, m_.data(), l_.data(), o_.data(), acc_t(1));
-      if (tiles16_ && !std::is_same_v<scalar_t, acc_t>) at::vec::convert(row, p_in_.data() + r * lds_, ncols);
     }
   }
 

@@ -332,6 +332,13 @@ inline void scale_row(acc_t* row, int64_t a, int64_t e, acc_t scale) {
   for (; j < e; ++j) row[j] *= scale;
 }
 
+// Whether a row's logits are its scaled scores as they are (no softcap, bias or per-key mask: row_logits would
+// change nothing), so one pass may fold the scale into the exp (softmax_row_bf16, the backward's probabilities).
+template <typename acc_t>
+inline bool raw_logits(const Problem<acc_t>& pb, int8_t kind) {
+  return kind != kMasked && pb.softcap == 0.0 && pb.bias_kind == 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Logits of one row, in place over columns [a, e) of the chunk starting at key c0:
 //   s = scale * q.k  ->  softcap * tanh(s / softcap)  ->  + bias  ->  -inf if masked.
