@@ -158,7 +158,7 @@ class BackwardHead {
         continue;
       }
       const int64_t a = rp_.a[r], e = rp_.e[r];
-      if (std::isnan(lse_r)) {                                   // exp_u20 (avx2) would hide a NaN
+      if (std::isnan(lse_r)) {                                   // a NaN row: NaN over all its keys
         nan_rows_ = true;
         std::fill(row, row + nk, lse_r);
         std::fill(row + nk, row + ncols, acc_t(0));

@@ -24,9 +24,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
-#if defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -35,51 +32,9 @@
 #include <vector>
 
 #include "microkernel.h"
+#include "vecmath.h"
 
 namespace attnlab {
-
-#if defined(CPU_CAPABILITY_AVX512)
-// 2^x for x < 128 or NaN (the softmax's arguments are <= 0), in 10 instructions: x clamped at -160, where
-// 2^x is 0 in float (so a -inf score weighs exactly 0; vmaxps returns its second operand, x, when one is
-// NaN, so NaN stays NaN), split as n + f with n = round(x) and |f| <= 1/2, 2^f = 1 + f q(f) with q of
-// degree 4, and 2^n applied by vscalefps. q's coefficients: a weighted least-squares fit of (2^f - 1) / f on
-// [-1/2, 1/2] iterated towards the minimax relative error (Lawson), rounded to float: 1.9e-7 relative at most
-// over 200,001 points, against ~2.4e-6 for at::vec's exp_u20, which takes ~19 instructions with its own range
-// checks (docs/benchmarks.md, "the softmax's exp on AMX").
-constexpr float kLog2e = 1.4426950408889634f;   // exp(y) = 2^(log2(e) y)
-
-inline __m512 exp2_clamped(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(0.001326472731307149f), f, _mm512_set1_ps(0.009671512991189957f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.05550733581185341f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.24022242426872253f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6931470036506653f));
-  return _mm512_scalef_ps(_mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f)), n);
-}
-#endif
-
-// exp(x - m) on vectors, the softmax's probabilities (m: the row's max or its lse, so x - m <= 0 up to rounding).
-// float with AVX-512: exp2_clamped((x - m) log2(e)); x - m first, exact where x is near m (Sterbenz), so a row
-// of large logits loses nothing to rounding m log2(e). float on AVX2: at::vec's inline polynomial exp_u20 (<= 20
-// ulp; what torch's own CPU flash kernel uses) instead of Sleef's exp, an out-of-line call per vector. Both
-// errors stay below the fp32 reference's own (the conformance suite checks this) and both give 0 for -inf; NaN
-// stays NaN in exp2_clamped, but exp_u20 clamps it to a finite value, so no caller relies on the exp for a NaN
-// row (the forward's NaN max reaches l through std::exp's corr, the backward takes a NaN lse's row apart).
-// double: Sleef's 1-ulp exp.
-template <typename T>
-inline at::vec::Vectorized<T> vexp_from(const at::vec::Vectorized<T>& x, const at::vec::Vectorized<T>& m) {
-  return (x - m).exp();
-}
-template <>
-inline at::vec::Vectorized<float> vexp_from(const at::vec::Vectorized<float>& x, const at::vec::Vectorized<float>& m) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return exp2_clamped(_mm512_mul_ps(_mm512_sub_ps(x, m), _mm512_set1_ps(kLog2e)));
-#else
-  return (x - m).exp_u20();
-#endif
-}
 
 // Row states inside one (query tile x key chunk) block.
 enum RowKind : int8_t { kEmpty = 0, kRange = 1, kMasked = 2, kFull = 3 };
@@ -405,28 +360,6 @@ inline void row_logits(const Problem<acc_t>& pb, int64_t b, int64_t h, int64_t i
     }
     if (pb.bits != nullptr) mask_unset_bits(pb.row_words(b, h, i), c0, c0 + a, c0 + e, s);
   }
-}
-
-// Horizontal max / sum of a vector (a NaN lane wins the max, so NaN inputs reach the output).
-template <typename T>
-inline T nan_max(T a, T b) { return (std::isnan(b) || b > a) ? b : a; }
-
-template <typename T>
-inline T hmax(const at::vec::Vectorized<T>& v) {
-  T buf[at::vec::Vectorized<T>::size()];
-  v.store(buf);
-  T m = buf[0];
-  for (int64_t i = 1; i < at::vec::Vectorized<T>::size(); ++i) m = nan_max(m, buf[i]);
-  return m;
-}
-
-template <typename T>
-inline T hsum(const at::vec::Vectorized<T>& v) {
-  T buf[at::vec::Vectorized<T>::size()];
-  v.store(buf);
-  T s = 0;
-  for (int64_t i = 0; i < at::vec::Vectorized<T>::size(); ++i) s += buf[i];
-  return s;
 }
 
 // alpha of the QK^T GEMM: the scale.
