@@ -2,7 +2,8 @@
 has AMX, agreeing with the AVX512-BF16 tiles and the reference forward and backward, and exact where its
 even key pairs and whole groups of 16 reach past a tile's keys (a NaN or inf there never reaches a row).
 The broad conformance suites (test_native.py, test_native_tiles.py, test_layouts.py, ...) run on this path
-wherever it is the level chosen; test_native_isa.py runs them once per level."""
+wherever it is the level chosen; test_native_isa.py runs them once per level, and on a CPU without AMX once more
+with this path emulated (ATTNLAB_AMX_EMULATED=1: brgemm replaced by a plain loop), this file included."""
 import pytest
 import torch
 
@@ -16,12 +17,20 @@ from helpers import errors
 pytestmark = pytest.mark.skipif(native.ISA != "amx", reason="the kernel's amx level is not the one running here")
 
 
+def _amx_again() -> bool:
+    """Turn the AMX path back on as this process runs it: on the CPU's tiles, or emulated."""
+    return native._native.emulate_amx(True) if EMULATED else native._native.set_amx(True)
+
+
+EMULATED = native.ISA == "amx" and native._native.amx_emulated()
+
+
 @pytest.fixture
 def tiles_instead():
     """Run the same module on its AVX512-BF16 tiles for the duration (what ATTNLAB_NATIVE_ISA=avx512_bf16 does)."""
     native._native.set_amx(False)
     yield
-    assert native._native.set_amx(True)
+    assert _amx_again()
 
 
 def _run(q, k, v, mask, **kw):
@@ -48,7 +57,7 @@ def test_amx_and_the_avx512_bf16_tiles_agree(mask_name, tiles_instead):
     mask = {"none": None, "causal": masks.causal(), "window": masks.window(13, 6),
             "padding": masks.padding(torch.tensor([171, 90]))}[mask_name]
     tiles = _run(q, k, v, mask, tile_q=32, tile_k=64)
-    native._native.set_amx(True)
+    assert _amx_again()
     amx = _run(q, k, v, mask, tile_q=32, tile_k=64)
     for a, b in zip(amx, tiles):
         torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)

@@ -14,18 +14,31 @@ from attnlab.functional.backends import native, native_build
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _probe(isa: str) -> str:
-    """native.info() in a fresh interpreter with ATTNLAB_NATIVE_ISA=isa (the choice is made once, at import)."""
-    env = dict(os.environ, **{native_build.ENV: isa})
+def _probe(isa: str, **more: str) -> str:
+    """native.info() in a fresh interpreter with ATTNLAB_NATIVE_ISA=isa ("": unset) and the variables in ``more``
+    (the choice is made once, at import)."""
+    env = dict(os.environ, **{native_build.ENV: isa}, **more)
     out = subprocess.run([sys.executable, "-c", "from attnlab.functional.backends import native; print(native.info())"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
+#: the kernel's conformance suites, run once per level
+CONFORMANCE = ["tests/test_native.py", "tests/test_native_tiles.py", "tests/test_native_masks.py",
+               "tests/test_nan_agreement.py", "tests/test_properties.py", "tests/test_layouts.py"]
+
+
+def _suite(files: list[str], **env: str) -> None:
+    """pytest on ``files`` in a fresh interpreter with ``env`` added to this one's (the level is chosen at import)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
+                         cwd=ROOT, env=dict(os.environ, **env), capture_output=True, text=True, timeout=1500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
 def test_the_best_build_this_cpu_runs_is_chosen():
-    if os.environ.get(native_build.ENV):
-        pytest.skip(f"{native_build.ENV} is set for this run")
+    if os.environ.get(native_build.ENV) or os.environ.get(native_build.EMULATE_ENV):
+        pytest.skip(f"{native_build.ENV} or {native_build.EMULATE_ENV} is set for this run")
     assert native.ISA == native_build.runnable_isas()[0], native.info()
     assert f"build {native.ISA} (the best build this CPU runs)" in native.info()
 
@@ -50,12 +63,41 @@ def test_a_build_that_cannot_run_is_refused_by_name(isa, why):
 def test_every_build_this_cpu_runs_passes_the_conformance_suite(isa):
     """The kernel's own tests, its tiles', random masks over many tiles, NaN agreement, the property tests and the
     layouts, per level."""
-    env = dict(os.environ, **{native_build.ENV: isa})
-    files = ["tests/test_native.py", "tests/test_native_tiles.py", "tests/test_native_masks.py",
-             "tests/test_nan_agreement.py", "tests/test_properties.py", "tests/test_layouts.py"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    _suite(CONFORMANCE, **{native_build.ENV: isa, native_build.EMULATE_ENV: ""})
+
+
+def _emulation_applies() -> None:
+    runs = native_build.runnable_isas()
+    if "amx" in runs or "avx512_bf16" not in runs:
+        pytest.skip("AMX is emulated where the avx512_bf16 build runs and AMX does not (here: the real one, or none)")
+
+
+def test_the_amx_level_is_emulated_for_tests_where_avx512_bf16_runs():
+    """ATTNLAB_AMX_EMULATED=1: the amx level with a plain loop in brgemm's place, chosen as the best level and said
+    so; forcing avx512_bf16 still means no AMX; any other value is refused by name."""
+    _emulation_applies()
+    emulated = _probe("", **{native_build.EMULATE_ENV: "1"})
+    assert emulated.startswith("native: build amx (the best build this CPU runs; AMX emulated by "
+                               f"{native_build.EMULATE_ENV}=1"), emulated
+    assert "bfloat16 on AMX tiles" in emulated
+    forced = _probe("avx512_bf16", **{native_build.EMULATE_ENV: "1"})
+    assert forced.startswith(f"native: build avx512_bf16 (forced by {native_build.ENV}=avx512_bf16)"), forced
+    assert "AMX" not in forced, forced
+    bad = _probe("", **{native_build.EMULATE_ENV: "yes"})
+    assert bad.startswith(f"native: unavailable: {native_build.EMULATE_ENV}='yes': set it to 1"), bad
+
+
+def test_the_amx_path_emulated_passes_its_own_tests():
+    """tests/test_native_amx.py on this CPU without AMX: the AMX path's packing, fused softmax and key pairs past a
+    tile, with brgemm emulated (a change there fails here, not only on a Xeon)."""
+    _emulation_applies()
+    _suite(["tests/test_native_amx.py"], **{native_build.EMULATE_ENV: "1", native_build.ENV: ""})
+
+
+@pytest.mark.slow
+def test_the_amx_path_emulated_passes_the_conformance_suite():
+    _emulation_applies()
+    _suite(CONFORMANCE + ["tests/test_native_amx.py"], **{native_build.EMULATE_ENV: "1", native_build.ENV: ""})
 
 
 def test_the_avx2_build_holds_no_avx512_instruction():

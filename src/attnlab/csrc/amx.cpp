@@ -39,6 +39,7 @@ namespace attnlab {
 namespace {
 
 std::atomic<bool> amx_wanted{false};
+std::atomic<bool> amx_emulated{false};   // emulate_amx: a plain loop in brgemm's place (tests only)
 
 // Whether one bfloat16's bits are an inf or a NaN (exponent bits all ones).
 inline uint32_t bf16_nonfinite(uint32_t bits) { return static_cast<uint32_t>((bits & 0x7F80u) == 0x7F80u); }
@@ -77,9 +78,18 @@ bool amx_supported() {
 }
 
 bool set_amx(bool on) {
+  amx_emulated = false;
   amx_wanted = on && tiles_built() && amx_supported();
   return amx_wanted;
 }
+
+bool emulate_amx(bool on) {
+  amx_emulated = on && tiles_built();
+  amx_wanted = amx_emulated.load();
+  return amx_emulated;
+}
+
+bool amx_is_emulated() { return amx_emulated; }
 
 bool amx_on() { return amx_wanted; }
 
@@ -122,8 +132,31 @@ PackedKV amx_pack_kv(const at::BFloat16* k, const int64_t* ks, const at::BFloat1
   return pk;
 }
 
+namespace {
+
+// amx_gemm's product without AMX: c (m x n) (+)= a (m x kk) b, b's word (p, j) holding (b[2p][j], b[2p+1][j]) in its
+// low and high halves; fp32 products and sums (exact products, as AMX's: a bf16 times a bf16 fits in fp32). A 0
+// weight times a NaN or inf in b is NaN, as on the tiles, so the callers' care for keys past a tile is tested too.
+void gemm_emulated(int64_t m, int64_t n, int64_t kk, const at::BFloat16* a, int64_t lda, const uint32_t* b,
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  auto as_float = [](uint32_t bits) { float f; std::memcpy(&f, &bits, sizeof(f)); return f; };
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    if (!accumulate) std::fill(ci, ci + n, 0.0f);
+    for (int64_t p = 0; p < kk / 2; ++p) {
+      const float a0 = static_cast<float>(a[i * lda + 2 * p]), a1 = static_cast<float>(a[i * lda + 2 * p + 1]);
+      const uint32_t* bp = b + p * ldb;
+      for (int64_t j = 0; j < n; ++j)
+        ci[j] += a0 * as_float(bp[j] << 16) + a1 * as_float(bp[j] & 0xFFFF0000u);
+    }
+  }
+}
+
+}  // namespace
+
 void amx_gemm(int64_t m, int64_t n, int64_t kk, const at::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb,
               float* c, int64_t ldc, bool accumulate) {
+  if (amx_emulated) return gemm_emulated(m, n, kk, a, lda, b, ldb, c, ldc, accumulate);
   at::native::cpublas::brgemm(m, n, kk, lda, ldb, ldc, accumulate, a, reinterpret_cast<const at::BFloat16*>(b), c,
                               /*is_vnni=*/true);
 }
@@ -218,7 +251,7 @@ void transpose_rows(const at::BFloat16* x, int64_t ld, int64_t n, int64_t n_pad,
 }
 
 AmxRelease::~AmxRelease() {
-  if (active_) at::native::cpublas::brgemm_release(/*is_vnni=*/true);
+  if (active_ && !amx_emulated) at::native::cpublas::brgemm_release(/*is_vnni=*/true);
 }
 
 }  // namespace attnlab

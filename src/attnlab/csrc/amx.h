@@ -18,6 +18,11 @@ bool amx_supported();
 // tiles too (the avx512_bf16 build): the AMX path shares their packing.
 bool set_amx(bool on);
 bool amx_on();
+// Tests only: turn the AMX path on with a plain loop in brgemm's place (amx_gemm), so a CPU without AMX runs every
+// other line of this path -- packing, the fused softmax, the key pairs past a tile -- against the conformance
+// suites (slow: a scalar GEMM). set_amx ends it. Off unless this build has the tiles; returns whether it is on.
+bool emulate_amx(bool on);
+bool amx_is_emulated();
 
 // Whether a bfloat16 call takes AMX: on, D and Dv multiples of 16, key chunks a multiple of 16.
 template <typename Problem>

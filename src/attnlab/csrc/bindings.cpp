@@ -204,6 +204,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &attnlab::forward, "forward pass -> [out (B, H, L, Dv), lse (B, H, L)]");
   m.def("backward", &attnlab::backward, "backward pass -> [dq, dk, dv (per query head), dbias]");
   m.def("set_amx", &attnlab::set_amx, "use AMX (brgemm) for bfloat16 where the CPU has it; returns whether it is on");
+  m.def("emulate_amx", &attnlab::emulate_amx, "tests only: the AMX path with a plain loop in brgemm's place, on any "
+        "CPU this build runs; set_amx ends it; returns whether it is on");
+  m.def("amx_emulated", &attnlab::amx_is_emulated, "whether the AMX path runs emulated (emulate_amx)");
   m.def("amx_supported", &attnlab::amx_supported, "whether this CPU runs bfloat16 brgemm on AMX tiles");
   m.def("release_buffers", &attnlab::release_kept, "frees the buffers this thread keeps between calls (float32 "
         "copies of float16 inputs, packed K and V); returns the bytes they held");

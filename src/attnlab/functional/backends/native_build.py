@@ -16,6 +16,10 @@ At import the best level this CPU runs is chosen (``functional.cpu.cpu_features`
 environment variable ``ATTNLAB_NATIVE_ISA`` names: a lower path, to test it or to work around a
 problem (a level the CPU lacks is refused, never run).
 
+For tests, ``ATTNLAB_AMX_EMULATED=1`` makes ``amx`` a level wherever ``avx512_bf16`` runs: the AMX path's
+code with a plain loop in brgemm's place (csrc/amx.cpp ``emulate_amx``), so a CPU without AMX runs the
+conformance suites on it (tests/test_native_isa.py). Exact, and far slower than either real level.
+
 Example::
 
     module, isa, why = load()          # (<module ..._native_avx512_bf16>, 'amx', 'the best ...')
@@ -30,7 +34,7 @@ from typing import Optional
 
 from ..cpu import cpu_features
 
-__all__ = ["ISAS", "ENV", "load", "runnable_isas"]
+__all__ = ["ISAS", "ENV", "EMULATE_ENV", "load", "runnable_isas"]
 
 #: the x86-64 levels, best first
 ISAS = ("amx", "avx512_bf16", "avx512", "avx2")
@@ -38,6 +42,8 @@ ISAS = ("amx", "avx512_bf16", "avx512", "avx2")
 MODULES = {"amx": "avx512_bf16"}
 #: the environment variable that forces a level
 ENV = "ATTNLAB_NATIVE_ISA"
+#: the environment variable that emulates the amx level (tests only)
+EMULATE_ENV = "ATTNLAB_AMX_EMULATED"
 
 
 def runnable_isas() -> list[str]:
@@ -53,6 +59,12 @@ def runnable_isas() -> list[str]:
 def load() -> tuple[Optional[ModuleType], Optional[str], str]:
     """(the compiled module or None, its level, why this level -- or why none loaded)."""
     runs = runnable_isas()
+    emulate = os.environ.get(EMULATE_ENV, "").strip()
+    if emulate not in ("", "0", "1"):
+        return None, None, f"{EMULATE_ENV}={emulate!r}: set it to 1 (tests: the amx level emulated) or unset it"
+    emulate = emulate == "1" and "amx" not in runs and "avx512_bf16" in runs
+    if emulate:
+        runs = ["amx", *runs]
     forced = os.environ.get(ENV, "").strip()
     if forced:
         known = list(ISAS) + ["base"]
@@ -72,6 +84,11 @@ def load() -> tuple[Optional[ModuleType], Optional[str], str]:
         except ImportError as exc:                 # not built (no compiler at install time): say so below
             errors.append(f"{name}: {exc}")
             continue
+        if emulate and isa == "amx":
+            if not module.emulate_amx(True):
+                errors.append(f"{name}: this build cannot emulate AMX")
+                continue
+            return module, isa, f"{why}; AMX emulated by {EMULATE_ENV}=1: brgemm replaced by a plain loop (tests only)"
         if hasattr(module, "set_amx") and module.set_amx(isa == "amx") != (isa == "amx"):
             errors.append(f"{name}: the CPU reports AMX, but oneDNN cannot use it in this process")
             continue
