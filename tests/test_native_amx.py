@@ -17,12 +17,13 @@ from helpers import errors
 pytestmark = pytest.mark.skipif(native.ISA != "amx", reason="the kernel's amx level is not the one running here")
 
 
+#: this process runs the AMX path emulated (ATTNLAB_AMX_EMULATED=1), not on the CPU's tiles
+EMULATED = native.ISA == "amx" and native._native.amx_emulated()
+
+
 def _amx_again() -> bool:
     """Turn the AMX path back on as this process runs it: on the CPU's tiles, or emulated."""
     return native._native.emulate_amx(True) if EMULATED else native._native.set_amx(True)
-
-
-EMULATED = native.ISA == "amx" and native._native.amx_emulated()
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
