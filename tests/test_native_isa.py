@@ -26,7 +26,8 @@ def _probe(isa: str, **more: str) -> str:
 
 #: the kernel's conformance suites, run once per level
 CONFORMANCE = ["tests/test_native.py", "tests/test_native_tiles.py", "tests/test_native_masks.py",
-               "tests/test_nan_agreement.py", "tests/test_properties.py", "tests/test_layouts.py"]
+               "tests/test_native_exp.py", "tests/test_nan_agreement.py", "tests/test_properties.py",
+               "tests/test_layouts.py"]
 
 
 def _suite(files: list[str], **env: str) -> None:
