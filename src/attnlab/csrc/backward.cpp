@@ -146,7 +146,6 @@ class BackwardHead {
 
   // P = exp(S - lse) over each row's allowed columns; zeros elsewhere (NaN rows stay NaN).
   void probabilities(int64_t c0, int64_t nk, int64_t ncols) {
-    const int64_t VW = Vec::size();
     nan_rows_ = false;
     for (int64_t r = 0; r < nr_; ++r) {
       acc_t* row = s_.data() + r * lds_;
@@ -172,10 +171,7 @@ class BackwardHead {
       if (!fused) {
         if (amx_) scale_row(row, a, e, scale_);                   // the scale brgemm did not apply
         row_logits(pb_, b_, h_, r0_ + r, c0, kind, a, e, row, th_.empty() ? nullptr : th_.data() + r * lds_);
-        const Vec vl(lse_r);
-        int64_t j = a;
-        for (; j + VW <= e; j += VW) vexp_from(Vec::loadu(row + j), vl).store(row + j);
-        for (; j < e; ++j) row[j] = std::exp(row[j] - lse_r);
+        exp_range(row, row, a, e, lse_r);
       }
       std::fill(row, row + a, acc_t(0));
       std::fill(row + e, row + ncols, acc_t(0));

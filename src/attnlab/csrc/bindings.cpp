@@ -196,21 +196,14 @@ std::vector<at::Tensor> backward(const at::Tensor& q_in, const at::Tensor& k_in,
   return {dq, dk, dv, dbias};
 }
 
-// The softmax's exp as the kernel runs it, exp(x - m) by vexp_from, on a 1-d float tensor (tests: the exp's
+// The softmax's exp as the kernel runs it, exp(x - m) by exp_range, on a 1-d float tensor (tests: the exp's
 // accuracy and its -inf / NaN behaviour in each build). Elements past the last whole vector take std::exp.
 at::Tensor exp_from(const at::Tensor& x, double m) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 1, "exp_from takes a 1-d float32 tensor, got ",
               x.scalar_type(), " with ", x.dim(), " dims");
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty_like(xc);
-  using Vec = at::vec::Vectorized<float>;
-  const float* px = xc.data_ptr<float>();
-  float* po = out.data_ptr<float>();
-  const float mf = static_cast<float>(m);
-  const int64_t n = xc.numel();
-  int64_t j = 0;
-  for (; j + Vec::size() <= n; j += Vec::size()) vexp_from(Vec::loadu(px + j), Vec(mf)).store(po + j);
-  for (; j < n; ++j) po[j] = std::exp(px[j] - mf);
+  exp_range(xc.data_ptr<float>(), out.data_ptr<float>(), 0, xc.numel(), static_cast<float>(m));
   return out;
 }
 

@@ -64,13 +64,22 @@ inline at::vec::Vectorized<T> vexp_from(const at::vec::Vectorized<T>& x, const a
 }
 template <>
 inline at::vec::Vectorized<float> vexp_from(const at::vec::Vectorized<float>& x, const at::vec::Vectorized<float>& m) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return exp2_clamped(_mm512_mul_ps(_mm512_sub_ps(x, m), _mm512_set1_ps(kLog2e)));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return exp2_clamped(_mm256_mul_ps(_mm256_sub_ps(x, m), _mm256_set1_ps(kLog2e)));
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return exp2_clamped((x - m) * at::vec::Vectorized<float>(kLog2e));     // this build's width
 #else
   return (x - m).exp_u20();
 #endif
+}
+
+// out[j] = exp(x[j] - m) for j in [a, e) (out may be x): vexp_from on whole vectors, std::exp on the tail. The
+// backward's probabilities; the extension's exp_from (tests/test_native_exp.py) runs it as they do.
+template <typename T>
+inline void exp_range(const T* x, T* out, int64_t a, int64_t e, T m) {
+  using Vec = at::vec::Vectorized<T>;
+  const Vec vm(m);
+  int64_t j = a;
+  for (; j + Vec::size() <= e; j += Vec::size()) vexp_from(Vec::loadu(x + j), vm).store(out + j);
+  for (; j < e; ++j) out[j] = std::exp(x[j] - m);
 }
 
 // Horizontal max / sum of a vector (a NaN lane wins the max, so NaN inputs reach the output).
