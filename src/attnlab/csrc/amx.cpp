@@ -22,7 +22,7 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <atomic>
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -161,33 +161,29 @@ void amx_gemm(int64_t m, int64_t n, int64_t kk, const at::BFloat16* a, int64_t l
                               /*is_vnni=*/true);
 }
 
-float row_max(const float* row, int64_t a, int64_t e) {
-  float mx = -std::numeric_limits<float>::infinity();
-  int64_t j = a;
 #ifdef ATTNLAB_AMX_VECTORS
-  __m512 v0 = _mm512_set1_ps(mx), v1 = v0;
+
+float row_max(const float* row, int64_t a, int64_t e) {
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 v0 = lowest, v1 = lowest;
+  int64_t j = a;
   for (; j + 32 <= e; j += 32) {             // two chains: vmaxps's latency, not its throughput, bounds one
     v0 = _mm512_max_ps(v0, _mm512_loadu_ps(row + j));
     v1 = _mm512_max_ps(v1, _mm512_loadu_ps(row + j + 16));
   }
   for (; j < e; j += 16) {                   // the tail (a causal row's diagonal chunk), masked
     const __mmask16 k = static_cast<__mmask16>((1u << std::min<int64_t>(16, e - j)) - 1u);
-    v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(_mm512_set1_ps(mx), k, row + j));
+    v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(lowest, k, row + j));
   }
-  mx = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
-#endif
-  for (; j < e; ++j) mx = nan_max(mx, row[j]);
-  return mx;
+  return _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
 }
 
 float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m, at::BFloat16* out) {
-  using Vec = at::vec::Vectorized<float>;
-  constexpr int64_t VW = Vec::size();
-  int64_t j = a;
-#ifdef ATTNLAB_AMX_VECTORS
+  constexpr int64_t VW = 16;
   // exp(scale s - m) = 2^(log2(e) scale s - log2(e) m): one fma per element to the exponent
   const __m512 vs = _mm512_set1_ps(scale * kLog2e), vneg = _mm512_set1_ps(-m * kLog2e);
   __m512 vsum = _mm512_setzero_ps();
+  int64_t j = a;
   for (; j + 2 * VW <= e; j += 2 * VW) {
     const __m512 p0 = exp2_clamped(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vs, vneg));
     const __m512 p1 = exp2_clamped(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + VW), vs, vneg));
@@ -201,45 +197,30 @@ float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m,
     vsum = _mm512_add_ps(vsum, p);
     _mm256_mask_storeu_epi16(out + j, k, (__m256i)_mm512_cvtneps_pbh(p));
   }
-  float sum = _mm512_reduce_add_ps(vsum);
-#else
-  const Vec vs(scale), vneg(-m);
-  Vec vsum(0.0f);
-  for (; j + 2 * VW <= e; j += 2 * VW) {
-    const Vec p0 = at::vec::fmadd(Vec::loadu(row + j), vs, vneg).exp_u20();
-    const Vec p1 = at::vec::fmadd(Vec::loadu(row + j + VW), vs, vneg).exp_u20();
-    vsum = vsum + p0 + p1;
-    at::vec::convert_float_bfloat16(p0, p1).store(out + j);
-  }
-  float sum = hsum(vsum);
-#endif
-  for (; j < e; ++j) {
-    const float p = std::exp(std::fma(row[j], scale, -m));
-    sum += p;
-    out[j] = at::BFloat16(p);
-  }
-  return sum;
+  return _mm512_reduce_add_ps(vsum);
 }
 
 void row_exp_inplace(float* row, int64_t a, int64_t e, float scale, float lse) {
-  int64_t j = a;
-#ifdef ATTNLAB_AMX_VECTORS
   const __m512 vs = _mm512_set1_ps(scale * kLog2e), vneg = _mm512_set1_ps(-lse * kLog2e);
+  int64_t j = a;
   for (; j + 16 <= e; j += 16)
     _mm512_storeu_ps(row + j, exp2_clamped(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vs, vneg)));
   if (j < e) {                               // the tail, masked
     const __mmask16 k = static_cast<__mmask16>((1u << (e - j)) - 1u);
     _mm512_mask_storeu_ps(row + j, k, exp2_clamped(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, row + j), vs, vneg)));
-    j = e;
   }
-#else
-  using Vec = at::vec::Vectorized<float>;
-  const Vec vs(scale), vneg(-lse);
-  for (; j + Vec::size() <= e; j += Vec::size())
-    at::vec::fmadd(Vec::loadu(row + j), vs, vneg).exp_u20().store(row + j);
-#endif
-  for (; j < e; ++j) row[j] = std::exp(std::fma(row[j], scale, -lse));
 }
+
+#else   // built without AVX512-BF16: never called (amx_on() needs tiles_built())
+
+namespace {
+[[noreturn]] void not_built() { TORCH_CHECK(false, "attnlab: the AMX path was not built for this instruction set"); }
+}  // namespace
+float row_max(const float*, int64_t, int64_t) { not_built(); }
+float row_exp_bf16(const float*, int64_t, int64_t, float, float, at::BFloat16*) { not_built(); }
+void row_exp_inplace(float*, int64_t, int64_t, float, float) { not_built(); }
+
+#endif
 
 void transpose_rows(const at::BFloat16* x, int64_t ld, int64_t n, int64_t n_pad, int64_t X, at::BFloat16* out,
                     int64_t ldo) {
