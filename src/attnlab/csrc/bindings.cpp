@@ -1,7 +1,9 @@
 // Python bindings: argument checks at the boundary (TORCH_CHECK names the values and the fix),
 // then one call into the forward or backward kernel. The Python side
 // (attnlab/functional/backends/native.py) prepares the mask spans/bits and the bias table.
-#include <torch/extension.h>
+// torch/python.h (pybind11 with torch's type casters), not torch/extension.h: the latter adds all of the C++
+// frontend (nn, optim, data), which tripled this file's compile time and is not used here.
+#include <torch/python.h>
 
 #include "amx.h"
 #include "kept.h"
