@@ -83,10 +83,11 @@ def test_script_judges_a_checkpoint_as_the_claims_do(fixed_run, data):
     (["--steps", "9", "--cpu-budget", "60"], "not allowed with argument"),
     (["--cpu-budget", "0"], "--cpu-budget must be > 0 CPU-seconds, got 0.0"),
 ])
-def test_script_rejects_bad_arguments(tmp_path, args, message):
-    run = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode == 2 and message in run.stderr and not (tmp_path / "out").exists()
+def test_script_rejects_bad_arguments(tmp_path, args, message, capsys):
+    """In this process (main(argv)); the test below runs the script as a user does."""
+    with pytest.raises(SystemExit) as stop:
+        _script().main([*args, "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_script_judge_only_needs_checkpoints(tmp_path):
