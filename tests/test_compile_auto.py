@@ -106,6 +106,28 @@ def test_auto_compiles_as_one_graph_and_chooses_as_eager(cls, case, dynamic, rec
             assert in_graph == eager, f"{dtype} grad={grad}: {in_graph} in the graph, {eager} eager"
 
 
+#: plain requests below SMALL_PROBLEM scores, which ``attention``'s small-request shortcut decides from q.shape:
+#: (dtype, L, S, causal)
+SHORTCUT = [(torch.bfloat16, 1, 512, False), (torch.bfloat16, 2, 1024, False), (torch.bfloat16, 96, 96, False),
+            (torch.float16, 1, 512, False), (torch.float32, 128, 128, True), (torch.float32, 300, 300, False)]
+
+
+@pytest.mark.parametrize("dtype, L, S, causal", SHORTCUT, ids=str)
+def test_small_plain_requests_compile_as_one_graph_with_dynamic_shapes(dtype, L, S, causal, monkeypatch):
+    """The shortcut's rules for the Zen 4's tiles ask the kernel whether D takes its tiles (on_tiles, a constant to
+    torch.compile): with dynamic shapes D is symbolic there, and plain fp32 from 64^2 scores, bf16 from 96^2 and
+    bf16 decoding over 1024 keys failed to compile as one graph until the rule made D a Python int (guarded)."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, L, D, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, S, D, generator=g).to(dtype) for _ in range(2))
+    out = torch.compile(lambda q, k, v: attention(q, k, v, causal=causal), backend="aot_eager", fullgraph=True,
+                        dynamic=True)(q, k, v)
+    ref = attention(q.double(), k.double(), v.double(), backend="reference", causal=causal)
+    assert (out.double() - ref).abs().max() <= (2e-5 if dtype == torch.float32 else 3e-2)
+
+
 def test_skippable_is_not_read_inside_a_graph():
     """None in a graph (the mask's contents are not read); eager, the planned share."""
     mask = masks.padding(torch.tensor([N - 100]))

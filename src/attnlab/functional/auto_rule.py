@@ -87,7 +87,7 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     small = not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]
     if small and S < BF16_DECODE_KEYS_FROM:          # before on_tiles: the shortcut's short decode steps
         return None
-    if not on_tiles(D, Dv):
+    if not _tiles(D, Dv):
         return None
     if needs_grad:
         return figures["bf16 small training"]
@@ -102,7 +102,7 @@ def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv
     LS = L * S
     if min(L, S) < FP32_SMALL_MIN or LS > SMALL_PROBLEM or LS < FP32_SMALL_FROM[(causal, needs_grad)]:
         return None
-    if _off_amx() != "avx512_bf16" or not on_tiles(D, Dv):
+    if _off_amx() != "avx512_bf16" or not _tiles(D, Dv):
         return None
     return FIGURES["avx512_bf16"]["fp32 small"]
 
@@ -286,6 +286,11 @@ def _on_amx(req: AttentionRequest) -> bool:
 
 def _on_tiles(req: AttentionRequest) -> bool:
     return on_tiles(*_head_dims(req))
+
+
+def _tiles(D: int, Dv: int) -> bool:
+    """on_tiles for head dims that may be symbolic (``attention``'s small-request shortcut reads q.shape)."""
+    return on_tiles(operator.index(D), operator.index(Dv))
 
 
 def _head_dims(req: AttentionRequest) -> tuple[int, int]:
