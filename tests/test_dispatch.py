@@ -115,14 +115,16 @@ def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monke
 
 def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles):
     """bf16 forward below 512^2 on the Zen 4's tiles: the kernel where queries and keys both number at least 96
-    without a mask, 64 causal (BF16_SMALL_FWD_FROM), and decoding (fewer queries) from 1024 keys
-    (BF16_DECODE_KEYS_FROM); below, SDPA through the shortcut."""
+    without a mask, 64 causal (BF16_SMALL_FWD_FROM), and decoding (fewer queries) from 384 keys with one query,
+    2048 with 2-4 and 1024 with more (BF16_DECODE_KEYS_FROM); below, SDPA through the shortcut."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
-    assert auto_rule.BF16_DECODE_KEYS_FROM == 1024
+    assert auto_rule.BF16_DECODE_KEYS_FROM == ((1, 384), (4, 2048), (None, 1024))
     for L, S, causal, kernel in ((64, 64, False, False), (96, 96, False, True), (512, 512, False, True),
                                  (48, 48, True, False), (64, 64, True, True), (1, 4096, False, True),
-                                 (16, 1024, False, True), (1, 1023, False, False), (32, 256, False, False),
-                                 (256, 32, False, False), (16, 16384, False, True)):
+                                 (1, 384, False, True), (1, 383, False, False), (2, 2047, False, False),
+                                 (4, 2048, False, True), (2, 16384, False, True), (5, 1023, False, False),
+                                 (5, 1024, False, True), (16, 1024, False, True), (32, 256, False, False),
+                                 (256, 32, False, False), (256, 1023, False, True), (16, 16384, False, True)):
         q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16)
         assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (L, S, causal)
         assert auto_rule.pick(make_request(q, k, v, causal=causal))[0] == ("native" if kernel else "sdpa")

@@ -218,9 +218,10 @@ ZEN4_MEASURED = {
                            f"({ZEN4})"),
     "bf16 decode": ("bf16 forward of few queries over many keys without a mask on the AVX-512 tiles (D, Dv "
                     "multiples of 16; K and V packed once per call into buffers kept between calls): the compiled "
-                    "kernel measured 2.1-3.6x SDPA's with 1 query over 1024-16384 keys, 0.91-1.38x with 2-8 "
-                    "(below 1.0 only with 4 over 16384), 1.25-1.87x with 16 and 1.36-1.84x with 32, in three runs, "
-                    f"D = 64 (scripts/bench_decode.py; {ZEN4})"),
+                    "kernel measured 1.09-1.31x SDPA's with 1 query over 384 keys and 1.5-3.6x over 512-16384, "
+                    "1.06-1.10x with 2-4 over 2048 (a tie at 1536), 0.91-1.12x with 5-12 over 1024 and 1.12-1.46x "
+                    "over 1536-3072, 1.25-1.87x with 16 and 1.36-1.84x with 32, in three runs, D = 64 "
+                    f"(scripts/bench_decode.py; {ZEN4})"),
     "fp32 small": ("plain fp32 below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the compiled kernel "
                    "measured 1.11-1.78x the sdpa backend's causal forward and 1.06-1.91x its causal forward+backward "
                    "at n = 128-512, 1.10-1.14x its forward without a mask at n = 384-512 and 1.06-1.32x that "
@@ -260,9 +261,14 @@ FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
 # bf16 forward without a mask (False) or causal (True) below 512^2 scores on the Zen 4: the kernel where both the
 # queries and the keys number at least this many.
 BF16_SMALL_FWD_FROM = {False: 96, True: 64}
-# ... and without a mask from this many keys, whatever the queries (decoding; ZEN4_MEASURED["bf16 decode"]): below,
-# the kernel measured 0.49-0.95x SDPA over 64 keys, 0.65-1.34x over 256.
-BF16_DECODE_KEYS_FROM = 1024
+# ... and without a mask (decoding: fewer queries) from a number of keys that depends on the queries, as (at most
+# this many queries or None: any, from this many keys), first match (ZEN4_MEASURED["bf16 decode"];
+# docs/benchmarks.md, "Issue #27: bf16 decoding by the number of queries"). One query from 384 keys: torch's SDPA
+# took about twice as long with one query as with five over 256-2048 keys (and with two over 16384), and the kernel
+# measured 1.09-1.31x it at 384, 0.79-0.98x at 256. 2-4 queries from 2048 keys: 1.06-1.10x there, a tie at 1536
+# (0.95-1.01x), 0.81-0.88x at 1024. More queries from 1024: 5-12 queries 0.91-1.12x there, 1.12-1.31x at 1536.
+# Until then: 1024 keys whatever the queries.
+BF16_DECODE_KEYS_FROM = ((1, 384), (4, 2048), (None, 1024))
 # Plain fp32 below 512^2 scores on the Zen 4's tiles: the kernel from this many scores, by (causal, with gradients),
 # where the queries and the keys both number at least FP32_SMALL_MIN (fewer query rows run on the BLAS path, whose
 # decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"]. Causal: 128^2 until the row bounds (issue #27's

@@ -69,9 +69,10 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys on this CPU, or None:
     off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without
     AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward, its forward from
-    BF16_SMALL_FWD_FROM queries and keys and its decoding over BF16_DECODE_KEYS_FROM keys. With gradients
-    the reason holds whatever the mask (``pick`` asks for a measured kind where it is the small bf16 one); without,
-    for a plain request (no mask, or causal with L == S). ``attention``'s small-request shortcut asks it too."""
+    BF16_SMALL_FWD_FROM queries and keys and its decoding over BF16_DECODE_KEYS_FROM keys (by the number of
+    queries). With gradients the reason holds whatever the mask (``pick`` asks for a measured kind where it is the
+    small bf16 one); without, for a plain request (no mask, or causal with L == S). ``attention``'s small-request
+    shortcut asks it too."""
     measured = _off_amx()
     if measured is None or dtype not in (torch.bfloat16, torch.float16):
         return None
@@ -85,8 +86,8 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     if LS > SMALL_PROBLEM:                           # above it: the tiles' rules (_plain_native)
         return None
     small = not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]
-    if small and S < BF16_DECODE_KEYS_FROM:          # before on_tiles: the shortcut's short decode steps
-        return None
+    if small and S < next(keys for most, keys in BF16_DECODE_KEYS_FROM if most is None or L <= most):
+        return None                                  # before on_tiles: the shortcut's short decode steps
     if not _tiles(D, Dv):
         return None
     if needs_grad:
