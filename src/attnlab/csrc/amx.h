@@ -65,7 +65,7 @@ void amx_gemm(int64_t m, int64_t n, int64_t kk, const at::BFloat16* a, int64_t l
 // max of row[a:e) (NaN may or may not win: a NaN score makes its probability NaN either way), and p =
 // exp(scale * row - m) on [a, e) rounded to bfloat16 into out[a:e), returning the fp32 sum of p. In the
 // avx512_bf16 build, AVX-512 with its own exp (vecmath.h exp2_clamped: a degree-5 polynomial and vscalefps, 1.9e-7
-// relative) and one-instruction rounding (vcvtne2ps2bf16); at::vec elsewhere.
+// relative) and one-instruction rounding (vcvtne2ps2bf16); the other builds run neither path (stubs that refuse).
 float row_max(const float* row, int64_t a, int64_t e);
 float row_exp_bf16(const float* row, int64_t a, int64_t e, float scale, float m, at::BFloat16* out);
 // The backward's probabilities on this path for a row with no bias, softcap or per-key mask: row[a:e) becomes
