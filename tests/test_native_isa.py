@@ -171,6 +171,7 @@ def test_a_wheel_built_here_runs_its_avx2_build_from_outside_the_checkout(tmp_pa
     assert where.startswith(str(site)), where
     assert info.startswith(f"native: build avx2 (forced by {native_build.ENV}=avx2)"), info
     assert loaded == "['attnlab.functional.backends._native_avx2']", loaded
+    assert len(errors) == 4, errors
     for line in errors:
         dtype, err = line.rsplit(" ", 1)
         assert float(err) <= (2e-6 if dtype == "torch.float32" else 2e-2), line
