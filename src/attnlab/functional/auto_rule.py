@@ -12,7 +12,6 @@ Example::
 """
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
@@ -88,7 +87,7 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     small = not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]
     if small and S < next(keys for most, keys in BF16_DECODE_KEYS_FROM if most is None or L <= most):
         return None                                  # before on_tiles: the shortcut's short decode steps
-    if not _tiles(D, Dv):
+    if not on_tiles(D, Dv):
         return None
     if needs_grad:
         return figures["bf16 small training"]
@@ -103,7 +102,7 @@ def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv
     LS = L * S
     if min(L, S) < FP32_SMALL_MIN or LS > SMALL_PROBLEM or LS < FP32_SMALL_FROM[(causal, needs_grad)]:
         return None
-    if _off_amx() != "avx512_bf16" or not _tiles(D, Dv):
+    if _off_amx() != "avx512_bf16" or not on_tiles(D, Dv):
         return None
     return FIGURES["avx512_bf16"]["fp32 small"]
 
@@ -274,32 +273,20 @@ def _tuned(req: AttentionRequest, plain: bool) -> Optional[tuple[str, str]]:
 
 def _path(D: int, Dv: int) -> tuple[bool, bool]:
     """Which of the compiled kernel's paths head dims D, Dv take: (AVX-512 tiles, AMX tiles)."""
-    D, Dv = operator.index(D), operator.index(Dv)
     return on_tiles(D, Dv), on_amx(D, Dv)
 
 
-# operator.index: inside a torch.compile graph with dynamic shapes the head dims are symbolic, and the kernel's
-# answer is a constant there (backends/native.py), asked with the head dims this graph is traced for: index()
-# makes them Python ints, and torch.compile guards on them (int() would keep them symbolic).
 def _on_amx(req: AttentionRequest) -> bool:
-    return on_amx(*_head_dims(req))
+    return on_amx(req.shape.D, req.shape.Dv)
 
 
 def _on_tiles(req: AttentionRequest) -> bool:
-    return on_tiles(*_head_dims(req))
-
-
-def _tiles(D: int, Dv: int) -> bool:
-    """on_tiles for head dims that may be symbolic (``attention``'s small-request shortcut reads q.shape)."""
-    return on_tiles(operator.index(D), operator.index(Dv))
-
-
-def _head_dims(req: AttentionRequest) -> tuple[int, int]:
-    return operator.index(req.shape.D), operator.index(req.shape.Dv)
+    return on_tiles(req.shape.D, req.shape.Dv)
 
 
 def _half_kernel(req: AttentionRequest) -> Optional[str]:
-    return half_kernel(req.q.dtype, req.shape.L, req.shape.S, req.is_causal_only, req.needs_grad, *_head_dims(req))
+    return half_kernel(req.q.dtype, req.shape.L, req.shape.S, req.is_causal_only, req.needs_grad, req.shape.D,
+                       req.shape.Dv)
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -327,7 +314,7 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if half is not None:
         return half
     if dtype == torch.float32 and LS <= SMALL_PROBLEM:            # below it every other rule says SDPA
-        return fp32_small_kernel(req.shape.L, req.shape.S, causal, req.needs_grad, *_head_dims(req))
+        return fp32_small_kernel(req.shape.L, req.shape.S, causal, req.needs_grad, req.shape.D, req.shape.Dv)
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
         if not _on_amx(req) or LS <= SMALL_PROBLEM:
             return None

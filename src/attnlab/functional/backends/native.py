@@ -15,6 +15,8 @@ stays the readable explanation of the algorithm.
 """
 from __future__ import annotations
 
+import operator
+
 from typing import Optional
 
 import torch
@@ -73,19 +75,17 @@ def release_buffers() -> int:
     return 0 if _native is None else int(_native.release_buffers())
 
 
-@torch.compiler.assume_constant_result
 def on_amx(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
     """Does a bfloat16 call with head dims D, Dv (and key chunk ``tile_k``, default: the AMX tiles') run its
     products on AMX tiles (csrc/amx.cpp)? The kernel's own test (``uses_amx``), asked, not restated. A constant
-    to torch.compile, which cannot trace into the extension (pass Python ints, not a graph's symbolic sizes).
+    to torch.compile, which cannot trace into the extension; the sizes may be a graph's symbolic ones (below).
 
     >>> on_amx(64, 64), on_amx(40, 64)      # on an Intel Xeon with AMX
     (True, False)
     """
-    return _native is not None and _native.uses_amx(D, Dv, tile_k if tile_k is not None else AMX_TILES[1])
+    return _amx_answer(*_ints(D, Dv, tile_k if tile_k is not None else AMX_TILES[1]))
 
 
-@torch.compiler.assume_constant_result
 def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
     """Does a float32 or bfloat16 call with head dims D, Dv (and key chunk ``tile_k``, default: the
     default tiles') run on the AVX-512 micro-kernel (csrc/microkernel.cpp) rather than MKL's GEMMs? A constant
@@ -99,9 +99,24 @@ def on_tiles(D: int, Dv: int, tile_k: Optional[int] = None) -> bool:
     >>> on_tiles(64, 64), on_tiles(40, 64), on_tiles(64, 64, tile_k=120)   # on an AVX512-BF16 build
     (True, False, False)
     """
-    if _native is None:
-        return False
-    return _native.uses_tiles(D, Dv, tile_k if tile_k is not None else default_tiles(torch.float32, None)[1])
+    return _tiles_answer(*_ints(D, Dv, tile_k if tile_k is not None else default_tiles(torch.float32, None)[1]))
+
+
+# Inside a torch.compile graph with dynamic shapes the sizes are symbolic, and a constant's arguments must be
+# Python ints: operator.index makes them so and torch.compile guards on them (int() would keep them symbolic;
+# attention's small-request shortcut passes q.shape's head size).
+def _ints(*sizes: int) -> tuple[int, ...]:
+    return tuple(operator.index(n) for n in sizes)
+
+
+@torch.compiler.assume_constant_result
+def _amx_answer(D: int, Dv: int, tile_k: int) -> bool:
+    return _native is not None and _native.uses_amx(D, Dv, tile_k)
+
+
+@torch.compiler.assume_constant_result
+def _tiles_answer(D: int, Dv: int, tile_k: int) -> bool:
+    return _native is not None and _native.uses_tiles(D, Dv, tile_k)
 
 
 def default_tiles(dtype: torch.dtype, spans: Optional[Tensor]) -> tuple[int, int]:
