@@ -153,6 +153,31 @@ def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkey
                 assert "AMD Zen 4" in picked[1], picked
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_gqa_decoding_on_the_zen4_takes_the_kernel_from_its_crossover(monkeypatch, tiles, grad):
+    """One query per head with grouped queries on the Zen 4's class, where the kernel stacks a group's heads: bf16
+    from H * S * D >= 2^18 (GQA_BF16_DECODE_FROM), fp32 with 4 or more query heads per kv head and D >= 128 from
+    1024 keys (GQA_FP32_DECODE_FROM); SDPA for MHA, on the other classes and, in fp32, with gradients (not measured;
+    bf16 with gradients goes to the kernel by the small-training rules)."""
+    assert auto_rule.GQA_BF16_DECODE_FROM == 2 ** 18
+    bf16, fp32 = torch.bfloat16, torch.float32
+    cases = ((bf16, 32, 8, 128, 64, True), (bf16, 16, 4, 128, 128, True), (bf16, 16, 2, 128, 64, False),
+             (bf16, 32, 8, 127, 64, False), (bf16, 8, 8, 256, 128, False),
+             (fp32, 32, 8, 1024, 128, True), (fp32, 16, 4, 4096, 128, True), (fp32, 32, 8, 1023, 128, False),
+             (fp32, 16, 8, 4096, 128, False), (fp32, 32, 8, 4096, 64, False), (fp32, 32, 32, 4096, 128, False))
+    for cls in ("avx512_bf16", "avx2", "amx"):
+        monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
+        for dtype, H, Hkv, S, D, kernel in cases[5:] if grad else cases:      # fp32 only with gradients
+            q, k, v = qkv(B=1, H=H, Hkv=Hkv, L=1, S=S, D=D, dtype=dtype)
+            q.requires_grad_(grad)
+            kernel = kernel and not grad and cls == "avx512_bf16"
+            assert (api._plain_small(q, k, v, False, None) is None) == kernel, (cls, dtype, H, Hkv, S, D)
+            picked = auto_rule.pick(make_request(q, k, v))
+            assert picked[0] == ("native" if kernel else "sdpa"), (cls, dtype, H, Hkv, S, D, picked)
+            if kernel:
+                assert "grouped queries" in picked[1] and "AMD Zen 4" in picked[1], picked
+
+
 @pytest.mark.parametrize("name", OTHERS)
 def test_other_requests_take_the_full_path(name):
     shape, kw = OTHERS[name]

@@ -222,6 +222,16 @@ ZEN4_MEASURED = {
                     "1.06-1.10x with 2-4 over 2048 (a tie at 1536), 0.91-1.12x with 5-12 over 1024 and 1.12-1.46x "
                     "over 1536-3072, 1.25-1.87x with 16 and 1.36-1.84x with 32, in three runs, D = 64 "
                     f"(scripts/bench_decode.py; {ZEN4})"),
+    "bf16 gqa decode": ("bf16 decoding with grouped queries (one query per head, fewer kv heads than query heads) on "
+                        "the AVX-512 tiles' head dims: the compiled kernel stacks each group's query heads into one "
+                        "head's rows and reads K and V once, and measured 1.47-4.46x SDPA's (with enable_gqa) below "
+                        "384 keys where H * S * D >= 2^18 (H = 16-32, D = 64-128, 128-256 keys; 0.92-0.94x at 2^17) "
+                        f"(scripts/bench_decode.py --layers 8; {ZEN4})"),
+    "fp32 gqa decode": ("fp32 decoding with grouped queries (one query per head, 4 or more query heads per kv head, "
+                        "D >= 128): the compiled kernel stacks each group's query heads into one head's rows and "
+                        "reads K and V once, and measured 1.21-2.21x SDPA's (with enable_gqa) over 1024-8192 keys "
+                        "(H = 16-32, 4-8 kv heads; 0.98-1.43x at 512; with D = 64, 0.59-1.26x) "
+                        f"(scripts/bench_decode.py --layers 8; {ZEN4})"),
     "fp32 small": ("plain fp32 below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the compiled kernel "
                    "measured 1.11-1.78x the sdpa backend's causal forward and 1.06-1.91x its causal forward+backward "
                    "at n = 128-512, 1.10-1.14x its forward without a mask at n = 384-512 and 1.06-1.32x that "
@@ -269,6 +279,12 @@ BF16_SMALL_FWD_FROM = {False: 96, True: 64}
 # (0.95-1.01x), 0.81-0.88x at 1024. More queries from 1024: 5-12 queries 0.91-1.12x there, 1.12-1.31x at 1536.
 # Until then: 1024 keys whatever the queries.
 BF16_DECODE_KEYS_FROM = ((1, 384), (4, 2048), (None, 1024))
+# Decoding with grouped queries (one query per head, H > Hkv) on the Zen 4, where the kernel stacks each group's
+# query heads into one head's rows (backends/native_stack.py) and SDPA reads K and V once per query head:
+# bf16 from H * S * D scores-times-width (ZEN4_MEASURED["bf16 gqa decode"]); fp32 with at least 4 query heads per kv
+# head and D >= 128, from 1024 keys (ZEN4_MEASURED["fp32 gqa decode"]).
+GQA_BF16_DECODE_FROM = 2 ** 18
+GQA_FP32_DECODE_FROM = {"group": 4, "head_dim": 128, "keys": 1024}
 # Plain fp32 below 512^2 scores on the Zen 4's tiles: the kernel from this many scores, by (causal, with gradients),
 # where the queries and the keys both number at least FP32_SMALL_MIN (fewer query rows run on the BLAS path, whose
 # decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"]. Causal: 128^2 until the row bounds (issue #27's

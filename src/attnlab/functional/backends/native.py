@@ -30,6 +30,7 @@ from ..memory import check_fits_in_memory, check_weights_fit
 from ..registry import register_backend
 from ..request import AttentionRequest, Bias
 from .native_ops import ISA, WHY_ISA as _WHY_ISA, backward_op, kernel as _native, run_forward
+from .native_stack import stack_factor, stack_mask_args, stack_rows, unstack_rows
 from .reference import accum_dtype, dense_bias, safe_softmax
 
 __all__ = ["native_attention", "native_forward", "native_block_backward", "info", "why_unavailable",
@@ -218,24 +219,32 @@ def native_forward(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Mask] = No
     (a tensor, or the parameters behind a structured bias's table). Ring attention merges blocks
     with the lse.
     """
-    L, S = q.shape[2], k.shape[2]
-    spans, bits, (dq, dk) = _planned_args(mask, q.dtype, L, S)
+    (B, H, L, _), S = q.shape, k.shape[2]
+    # GQA decoding: a group's query heads stacked into one head's rows read K and V once (native_stack.py)
+    kv_bytes = k.numel() * k.element_size() + v.numel() * v.element_size()
+    g = stack_factor(B, H, k.shape[1], L, kv_bytes) if bias is None and not dropout_p else 1
+    spans, bits, (dq, dk) = _planned_args(mask, q.dtype, L, S, g, H)
     kind, bias_t, tW, tc0 = bias_args(bias, q, L, S)
     args = (kind, tW, tc0, float(scale), float(softcap or 0.0), float(dropout_p), int(dropout_seed or 0),
             int(tile_q or dq), int(tile_k or dk))
     # q, k, v with any strides: the kernel copies only what it cannot read (csrc/bindings.cpp, readable)
-    out, lse = run_forward(q, k, v, bias_t, spans, bits, args)
+    out, lse = run_forward(stack_rows(q, g) if g > 1 else q, k, v, bias_t, spans, bits, args)
+    if g > 1:
+        out, lse = unstack_rows(out, g), unstack_rows(lse, g)
     return out.to(q.dtype), lse           # fp16: rounded once, outside the Function (native_ops._computed)
 
 
-def _planned_args(mask: Optional[Mask], dtype: torch.dtype, L: int, S: int):
-    """(spans, bits, (tile_q, tile_k)): ``mask_args`` and ``default_tiles``, planned together once per mask, (L, S)
-    and dtype (``mask_plan.planned``; one look-up costs 5-7 us). Reading the spans' mean width for the tiles is
-    five tensor ops, 25-40 us a call."""
+def _planned_args(mask: Optional[Mask], dtype: torch.dtype, L: int, S: int, g: int = 1, H: int = 1):
+    """(spans, bits, (tile_q, tile_k)): ``mask_args`` and ``default_tiles``, planned together once per mask, (L, S),
+    dtype and the heads stacked per row block (g of H, ``native_stack``; one plan per call either way) with
+    ``mask_plan.planned`` (one look-up costs 5-7 us). Reading the spans' mean width for the tiles is five tensor
+    ops, 25-40 us a call."""
     def build():
         spans, bits = _mask_args(mask, L, S) if mask is not None else (None, None)
+        if g > 1:
+            spans, bits = stack_mask_args(spans, bits, g, H)
         return spans, bits, default_tiles(dtype, spans)
-    return planned(mask, ("native+tiles", L, S, dtype), build)
+    return planned(mask, ("native+tiles", L, S, dtype) + ((g, H) if g > 1 else ()), build)
 
 
 def native_block_backward(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, lse: Tensor, delta: Tensor, *,
