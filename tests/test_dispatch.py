@@ -114,19 +114,21 @@ def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monke
 
 
 def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles):
-    """bf16 forward below 512^2 on the Zen 4's tiles: the kernel where queries and keys both number at least 96
-    without a mask, 64 causal (BF16_SMALL_FWD_FROM), and decoding (fewer queries) from 384 keys with one query,
-    2048 with 2-4 and 1024 with more (BF16_DECODE_KEYS_FROM); below, SDPA through the shortcut."""
+    """bf16 forward below 512^2 on the Zen 4's tiles: the kernel where queries and keys both number at least 64, with
+    or without a causal mask (BF16_SMALL_FWD_FROM), and decoding (fewer queries) from 64 keys with one query, grouped
+    or not, and from 256 with more (BF16_DECODE_KEYS_FROM); below, SDPA through the shortcut."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
-    assert auto_rule.BF16_DECODE_KEYS_FROM == ((1, 384), (4, 2048), (None, 1024))
-    for L, S, causal, kernel in ((64, 64, False, False), (96, 96, False, True), (512, 512, False, True),
-                                 (48, 48, True, False), (64, 64, True, True), (1, 4096, False, True),
-                                 (1, 384, False, True), (1, 383, False, False), (2, 2047, False, False),
-                                 (4, 2048, False, True), (2, 16384, False, True), (5, 1023, False, False),
-                                 (5, 1024, False, True), (16, 1024, False, True), (32, 256, False, False),
-                                 (256, 32, False, False), (256, 1023, False, True), (16, 16384, False, True)):
-        q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16)
-        assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (L, S, causal)
+    assert auto_rule.BF16_SMALL_FWD_FROM == {False: 64, True: 64}
+    assert auto_rule.BF16_DECODE_KEYS_FROM == ((1, 64), (None, 256))
+    for L, S, causal, kernel, Hkv in ((48, 48, False, False, 3), (64, 64, False, True, 3), (512, 512, False, True, 3),
+                                      (48, 48, True, False, 3), (64, 64, True, True, 3), (1, 4096, False, True, 3),
+                                      (1, 64, False, True, 3), (1, 63, False, False, 3), (1, 64, False, True, 1),
+                                      (1, 63, False, False, 1), (2, 255, False, False, 3), (2, 256, False, True, 3),
+                                      (4, 2048, False, True, 3), (16, 256, False, True, 3), (32, 128, False, False, 3),
+                                      (128, 32, False, False, 3), (256, 255, False, True, 3),
+                                      (16, 16384, False, True, 3)):
+        q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16, Hkv=Hkv)
+        assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (L, S, causal, Hkv)
         assert auto_rule.pick(make_request(q, k, v, causal=causal))[0] == ("native" if kernel else "sdpa")
 
 
@@ -154,26 +156,22 @@ def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkey
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_gqa_decoding_on_the_zen4_takes_the_kernel_from_its_crossover(monkeypatch, tiles, grad):
-    """One query per head with grouped queries on the Zen 4's class, where the kernel stacks a group's heads: bf16
-    from H * S * D >= 2^18 (GQA_BF16_DECODE_FROM), fp32 with 4 or more query heads per kv head and D >= 128 from
-    1024 keys (GQA_FP32_DECODE_FROM); SDPA for MHA, on the other classes and, in fp32, with gradients (not measured;
-    bf16 with gradients goes to the kernel by the small-training rules)."""
-    assert auto_rule.GQA_BF16_DECODE_FROM == 2 ** 18
-    bf16, fp32 = torch.bfloat16, torch.float32
-    cases = ((bf16, 32, 8, 128, 64, True), (bf16, 16, 4, 128, 128, True), (bf16, 16, 2, 128, 64, False),
-             (bf16, 32, 8, 127, 64, False), (bf16, 8, 8, 256, 128, False),
-             (fp32, 32, 8, 1024, 128, True), (fp32, 16, 4, 4096, 128, True), (fp32, 32, 8, 1023, 128, False),
-             (fp32, 16, 8, 4096, 128, False), (fp32, 32, 8, 4096, 64, False), (fp32, 32, 32, 4096, 128, False))
+def test_fp32_gqa_decoding_on_the_zen4_takes_the_kernel_from_its_crossover(monkeypatch, tiles, grad):
+    """One fp32 query per head with grouped queries on the Zen 4's class, where the kernel stacks a group's heads:
+    with 4 or more query heads per kv head and D >= 128, from 1024 keys (GQA_FP32_DECODE_FROM); SDPA with
+    gradients (not measured), for MHA and on the other classes."""
+    assert auto_rule.GQA_FP32_DECODE_FROM == {"group": 4, "head_dim": 128, "keys": 1024}
+    cases = ((32, 8, 1024, 128, True), (16, 4, 4096, 128, True), (32, 4, 2048, 256, True), (32, 8, 1023, 128, False),
+             (16, 8, 4096, 128, False), (32, 8, 4096, 64, False), (32, 32, 4096, 128, False))
     for cls in ("avx512_bf16", "avx2", "amx"):
         monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-        for dtype, H, Hkv, S, D, kernel in cases[5:] if grad else cases:      # fp32 only with gradients
-            q, k, v = qkv(B=1, H=H, Hkv=Hkv, L=1, S=S, D=D, dtype=dtype)
+        for H, Hkv, S, D, kernel in cases:
+            q, k, v = qkv(B=1, H=H, Hkv=Hkv, L=1, S=S, D=D)
             q.requires_grad_(grad)
             kernel = kernel and not grad and cls == "avx512_bf16"
-            assert (api._plain_small(q, k, v, False, None) is None) == kernel, (cls, dtype, H, Hkv, S, D)
+            assert (api._plain_small(q, k, v, False, None) is None) == kernel, (cls, H, Hkv, S, D)
             picked = auto_rule.pick(make_request(q, k, v))
-            assert picked[0] == ("native" if kernel else "sdpa"), (cls, dtype, H, Hkv, S, D, picked)
+            assert picked[0] == ("native" if kernel else "sdpa"), (cls, H, Hkv, S, D, picked)
             if kernel:
                 assert "grouped queries" in picked[1] and "AMD Zen 4" in picked[1], picked
 

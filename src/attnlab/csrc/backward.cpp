@@ -324,14 +324,14 @@ class BackwardHead {
   std::vector<acc_t> s_, dp_;                      // (BQ, BK) P and dP -> dS (row stride lds_)
   std::vector<acc_t> th_;                          // (BQ, BK) tanh of the softcap
   std::vector<acc_t> pd_;                          // (BQ, BK) P with dropout
-  std::vector<scalar_t> conv_;                     // a (BQ, BK) buffer rounded for a GEMM
+  Zeroed<scalar_t> conv_;                          // a (BQ, BK) buffer rounded for a GEMM
   std::vector<acc_t> dq_;                          // (BQ, D) this tile's dQ
-  std::vector<scalar_t> dout_t_;                   // (BQ, Dv) dO rows, contiguous
+  Zeroed<scalar_t> dout_t_;                        // (BQ, Dv) dO rows, contiguous
   RowPlan rp_;
   bool nan_rows_ = false;                          // this chunk has a row whose lse is NaN (probabilities)
   std::vector<uint32_t> opair_, qpair_, ppair_, dspair_;   // bfloat16 tiles: dO, Q, P, dS as pairs of rows
   // AMX: dO^T and Q^T of the tile (Dv x BQe, D x BQe), and this (b, h)'s dV^T, dK^T (Dv x S16, D x S16)
-  std::vector<scalar_t> dout_cols_, q_cols_;
+  Zeroed<scalar_t> dout_cols_, q_cols_;
   std::vector<acc_t> dv_cols_, dk_cols_;
   // the current head and tile
   int64_t bh_ = 0, b_ = 0, h_ = 0, bhk_ = 0, r0_ = 0, nr_ = 0, nre_ = 0;

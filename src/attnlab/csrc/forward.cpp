@@ -143,9 +143,9 @@ class ForwardTiles {
       : pb_(pb), io_(io), tiles16_(io.pk != nullptr && !io.pk->amx), amx_(io.pk != nullptr && io.pk->amx),
         // Row stride of the score and probability blocks: on AMX 16 past BK, so that rows 2 KB apart (BK =
         // 512 floats) do not share L1 sets; brgemm writes and the softmax reads them a row at a time.
-        lds_(amx_ ? pb.BK + 16 : pb.BK),
-        s_(pb.BQ * lds_), p_in_(std::is_same_v<scalar_t, acc_t> ? 0 : pb.BQ * lds_), o_(pb.BQ * pb.Dv), m_(pb.BQ),
-        l_(pb.BQ), rp_(pb.BQ) {}
+        lds_(amx_ ? pb.BK + 16 : pb.BK), rows_(std::min(pb.BQ, pb.L)),
+        s_(rows_ * lds_), p_in_(std::is_same_v<scalar_t, acc_t> ? 0 : rows_ * lds_), o_(rows_ * pb.Dv), m_(rows_),
+        l_(rows_), rp_(rows_) {}
 
   // The query tile `unit` (over B x H x query tiles): every key chunk its rows may attend, then its rows
   // of out and lse.
@@ -254,9 +254,10 @@ class ForwardTiles {
   const ForwardIO<scalar_t>& io_;
   const bool tiles16_, amx_;
   const int64_t lds_;
-  std::vector<acc_t> s_;           // (BQ, BK) logits, then probabilities (row stride lds_)
-  std::vector<scalar_t> p_in_;     // P rounded for the product with V
-  std::vector<acc_t> o_;           // (BQ, Dv) unnormalized output
+  const int64_t rows_;             // a tile's rows at most: BQ, or L where fewer (a decoding step's buffers are small)
+  std::vector<acc_t> s_;           // (rows, BK) logits, then probabilities (row stride lds_)
+  Zeroed<scalar_t> p_in_;          // P rounded for the product with V
+  std::vector<acc_t> o_;           // (rows, Dv) unnormalized output
   std::vector<acc_t> m_, l_;       // running max and sum per row
   RowPlan rp_;
   // the current tile

@@ -213,20 +213,17 @@ ZEN4_MEASURED = {
                             "padding, a W = 32 window, 4 documents or a dense mask at n = 16-128 (D = 64; SDPA's "
                             f"bf16 forward+backward took 2.4-2.9x its fp32 one at n = 64) ({ZEN4})"),
     "bf16 small forward": ("bf16 forward below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the "
-                           "compiled kernel measured 1.24-1.94x SDPA's without a mask at n = 96-512 (0.82-1.00x at 64) "
-                           f"and 1.17-3.0x with a causal one at n = 64-512 (0.61-1.00x at 48), in two runs, D = 64 "
-                           f"({ZEN4})"),
+                           "compiled kernel measured 1.26-1.70x torch SDPA's without a mask and 1.31-2.09x with a "
+                           "causal one at n = 64-128 (1.06x at 48, 0.53-0.74x at 16-32), D = 64, since its bf16 "
+                           "tile buffers are zeroed by one memset, not one bf16 at a time (1.24-1.94x at n = 96-512 "
+                           f"before) ({ZEN4})"),
     "bf16 decode": ("bf16 forward of few queries over many keys without a mask on the AVX-512 tiles (D, Dv "
-                    "multiples of 16; K and V packed once per call into buffers kept between calls): the compiled "
-                    "kernel measured 1.09-1.31x SDPA's with 1 query over 384 keys and 1.5-3.6x over 512-16384, "
-                    "1.06-1.10x with 2-4 over 2048 (a tie at 1536), 0.91-1.12x with 5-12 over 1024 and 1.12-1.46x "
-                    "over 1536-3072, 1.25-1.87x with 16 and 1.36-1.84x with 32, in three runs, D = 64 "
+                    "multiples of 16): the compiled kernel measured 1.33-2.59x the SDPA call auto made with 1 query "
+                    "over 64-256 keys, and with 2-16 queries 1.05-1.30x over 256 keys and 1.11-1.49x over 384-1024 "
+                    "(0.88-1.11x over 64-128), D = 64, since its bf16 tile buffers are zeroed by one memset, not one "
+                    "bf16 at a time (before, it lost to SDPA with 1 query below 384 keys and with 2-4 below 2048); "
+                    "with grouped queries (8 and 32 query heads over 2 and 8 kv heads) 1.57-7.3x over 64-256 keys "
                     f"(scripts/bench_decode.py; {ZEN4})"),
-    "bf16 gqa decode": ("bf16 decoding with grouped queries (one query per head, fewer kv heads than query heads) on "
-                        "the AVX-512 tiles' head dims: the compiled kernel stacks each group's query heads into one "
-                        "head's rows and reads K and V once, and measured 1.47-4.46x SDPA's (with enable_gqa) below "
-                        "384 keys where H * S * D >= 2^18 (H = 16-32, D = 64-128, 128-256 keys; 0.92-0.94x at 2^17) "
-                        f"(scripts/bench_decode.py --layers 8; {ZEN4})"),
     "fp32 gqa decode": ("fp32 decoding with grouped queries (one query per head, 4 or more query heads per kv head, "
                         "D >= 128): the compiled kernel stacks each group's query heads into one head's rows and "
                         "reads K and V once, and measured 1.21-2.21x SDPA's (with enable_gqa) over 1024-8192 keys "
@@ -269,21 +266,19 @@ ZEN4_MEASURED = {
 # n = 64 there).
 FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
 # bf16 forward without a mask (False) or causal (True) below 512^2 scores on the Zen 4: the kernel where both the
-# queries and the keys number at least this many.
-BF16_SMALL_FWD_FROM = {False: 96, True: 64}
+# queries and the keys number at least this many (ZEN4_MEASURED["bf16 small forward"]; 96 without a mask until the
+# kernel's bf16 tile buffers were zeroed by one memset: docs/benchmarks.md, "Issue #27: bf16 scratch buffers").
+BF16_SMALL_FWD_FROM = {False: 64, True: 64}
 # ... and without a mask (decoding: fewer queries) from a number of keys that depends on the queries, as (at most
-# this many queries or None: any, from this many keys), first match (ZEN4_MEASURED["bf16 decode"];
-# docs/benchmarks.md, "Issue #27: bf16 decoding by the number of queries"). One query from 384 keys: torch's SDPA
-# took about twice as long with one query as with five over 256-2048 keys (and with two over 16384), and the kernel
-# measured 1.09-1.31x it at 384, 0.79-0.98x at 256. 2-4 queries from 2048 keys: 1.06-1.10x there, a tie at 1536
-# (0.95-1.01x), 0.81-0.88x at 1024. More queries from 1024: 5-12 queries 0.91-1.12x there, 1.12-1.31x at 1536.
-# Until then: 1024 keys whatever the queries.
-BF16_DECODE_KEYS_FROM = ((1, 384), (4, 2048), (None, 1024))
-# Decoding with grouped queries (one query per head, H > Hkv) on the Zen 4, where the kernel stacks each group's
-# query heads into one head's rows (backends/native_stack.py) and SDPA reads K and V once per query head:
-# bf16 from H * S * D scores-times-width (ZEN4_MEASURED["bf16 gqa decode"]); fp32 with at least 4 query heads per kv
-# head and D >= 128, from 1024 keys (ZEN4_MEASURED["fp32 gqa decode"]).
-GQA_BF16_DECODE_FROM = 2 ** 18
+# this many queries or None: any, from this many keys), first match (ZEN4_MEASURED["bf16 decode"]). One query from
+# 64 keys (1.33x the SDPA call there), more from 256 (2-16 queries 1.05-1.30x there, 0.88-1.11x over 64-128). Until
+# the buffers' memset: one query from 384 keys, 2-4 from 2048, more from 1024 (docs/benchmarks.md, "Issue #27: bf16
+# decoding by the number of queries"), and before that 1024 whatever the queries.
+BF16_DECODE_KEYS_FROM = ((1, 64), (None, 256))
+# Decoding with grouped queries (one query per head, H > Hkv) in fp32 on the Zen 4, where the kernel stacks each
+# group's query heads into one head's rows (backends/native_stack.py) and SDPA reads K and V once per query head:
+# with at least 4 query heads per kv head and D >= 128, from 1024 keys (ZEN4_MEASURED["fp32 gqa decode"]). (bf16
+# decoding goes to the kernel from 64 keys with or without groups: BF16_DECODE_KEYS_FROM.)
 GQA_FP32_DECODE_FROM = {"group": 4, "head_dim": 128, "keys": 1024}
 # Plain fp32 below 512^2 scores on the Zen 4's tiles: the kernel from this many scores, by (causal, with gradients),
 # where the queries and the keys both number at least FP32_SMALL_MIN (fewer query rows run on the BLAS path, whose

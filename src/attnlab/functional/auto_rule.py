@@ -22,7 +22,7 @@ from .auto_figures import (
     AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
     AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
     BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, FP32_SMALL_FROM,
-    FP32_SMALL_MIN, GQA_BF16_DECODE_FROM, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
+    FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
     MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_PROBLEM, SMALL_TRAIN_FROM, SPARSE_FROM,
     TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
 from .backends.native import on_amx, on_tiles
@@ -109,16 +109,14 @@ def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv
 
 def gqa_decode_kernel(dtype: torch.dtype, L: int, S: int, H: int, Hkv: int, D: int, Dv: int,
                       needs_grad: bool) -> Optional[str]:
-    """Why the compiled kernel beats SDPA on a plain decoding step with grouped queries (L == 1, H > Hkv), or None:
-    on the Zen 4's class, where the kernel stacks each group's query heads into one head's rows
-    (backends/native_stack.py): bf16 on the AVX-512 tiles' head dims from GQA_BF16_DECODE_FROM (H * S * D), fp32
-    with GQA_FP32_DECODE_FROM's group size, head dim and keys. ``attention``'s small-request shortcut asks it too."""
-    if L != 1 or H == Hkv or needs_grad or _off_amx() != "avx512_bf16":
+    """Why the compiled kernel beats SDPA on a plain fp32 decoding step with grouped queries (L == 1, H > Hkv), or
+    None: on the Zen 4's class, where the kernel stacks each group's query heads into one head's rows
+    (backends/native_stack.py), with GQA_FP32_DECODE_FROM's group size, head dim and keys. (bf16 decoding, grouped
+    or not, is ``half_kernel``'s.) ``attention``'s small-request shortcut asks it too."""
+    if dtype != torch.float32 or L != 1 or H == Hkv or needs_grad or _off_amx() != "avx512_bf16":
         return None
-    if dtype == torch.bfloat16 and H * S * D >= GQA_BF16_DECODE_FROM and on_tiles(D, Dv):
-        return FIGURES["avx512_bf16"]["bf16 gqa decode"]
     f = GQA_FP32_DECODE_FROM
-    if dtype == torch.float32 and H // Hkv >= f["group"] and D >= f["head_dim"] and S >= f["keys"]:
+    if H // Hkv >= f["group"] and D >= f["head_dim"] and S >= f["keys"]:
         return FIGURES["avx512_bf16"]["fp32 gqa decode"]
     return None
 
