@@ -61,14 +61,14 @@ class BackwardHead {
 
   BackwardHead(const Problem<acc_t>& pb, const BackwardIO<scalar_t>& io)
       : pb_(pb), io_(io), g_(io.g), amx_(io.pk != nullptr && io.pk->amx), tiles16_(io.pk != nullptr && !amx_),
-        S16_(io.pk != nullptr ? io.pk->S16 : 0), half_(kBf16 && io.pk != nullptr ? (pb.BQ + 1) / 2 : 0),
-        BQe_(2 * half_),
+        rows_(std::min(pb.BQ, pb.L)), S16_(io.pk != nullptr ? io.pk->S16 : 0),
+        half_(kBf16 && io.pk != nullptr ? (rows_ + 1) / 2 : 0), BQe_(2 * half_),
         // Row stride of the (BQ, BK) blocks: on AMX 16 past BK, so that rows 2 KB apart (BK = 512 floats) do not
         // share L1 sets (as in the forward; brgemm writes them and the softmax reads them a row at a time).
         lds_(amx_ ? pb.BK + 16 : pb.BK), scale_(static_cast<acc_t>(pb.scale)),
-        s_(pb.BQ * lds_), dp_(pb.BQ * lds_), th_(pb.softcap != 0.0 ? pb.BQ * lds_ : 0),
-        pd_(pb.drop.p > 0.0 ? pb.BQ * lds_ : 0), conv_(kSame ? 0 : pb.BQ * lds_), dq_(pb.BQ * pb.D),
-        dout_t_(pb.BQ * pb.Dv), rp_(pb.BQ),
+        s_(rows_ * lds_), dp_(rows_ * lds_), th_(pb.softcap != 0.0 ? rows_ * lds_ : 0),
+        pd_(pb.drop.p > 0.0 ? rows_ * lds_ : 0), conv_(kSame ? 0 : rows_ * lds_), dq_(rows_ * pb.D),
+        dout_t_(rows_ * pb.Dv), rp_(rows_),
         opair_(half_ * pb.Dv), qpair_(half_ * pb.D), ppair_(half_ * pb.BK), dspair_(half_ * pb.BK),
         dout_cols_(amx_ ? pb.Dv * BQe_ : 0), q_cols_(amx_ ? pb.D * BQe_ : 0), dv_cols_(amx_ ? pb.Dv * S16_ : 0),
         dk_cols_(amx_ ? pb.D * S16_ : 0) {}
@@ -319,9 +319,10 @@ class BackwardHead {
   const BackwardIO<scalar_t>& io_;
   const Grads<scalar_t>& g_;
   const bool amx_, tiles16_;
+  const int64_t rows_;                             // a tile's rows at most: BQ, or L where fewer
   const int64_t S16_, half_, BQe_, lds_;           // BQe_: AMX's query rows rounded up to pairs
   const acc_t scale_;
-  std::vector<acc_t> s_, dp_;                      // (BQ, BK) P and dP -> dS (row stride lds_)
+  std::vector<acc_t> s_, dp_;                      // (rows, BK) P and dP -> dS (row stride lds_)
   std::vector<acc_t> th_;                          // (BQ, BK) tanh of the softcap
   std::vector<acc_t> pd_;                          // (BQ, BK) P with dropout
   Zeroed<scalar_t> conv_;                          // a (BQ, BK) buffer rounded for a GEMM
