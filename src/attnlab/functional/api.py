@@ -54,16 +54,17 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
         return None
     # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (decode steps: too few queries);
-    # GQA decoding on the Zen 4, where the kernel stacks a group's query heads into one head's rows
+    # fp32 GQA decoding on the Zen 4, where the kernel stacks a group's query heads into one head's rows
     half = dt is torch.bfloat16 or dt is torch.float16
     fp32_tiles = dt is torch.float32 and L >= auto_rule.FP32_SMALL_MIN and S >= auto_rule.FP32_SMALL_MIN
-    gqa_step = L == 1 and H != Hkv
-    if half or fp32_tiles or gqa_step:
+    fp32_gqa_step = dt is torch.float32 and L == 1 and H != Hkv
+    if half or fp32_tiles or fp32_gqa_step:
         grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
         square = causal is True and L == S
         why = (auto_rule.half_kernel(dt, L, S, square, grad, D, D) if half
-               else auto_rule.fp32_small_kernel(L, S, square, grad, D, D) if fp32_tiles else None)
-        if why is not None or (gqa_step and auto_rule.gqa_decode_kernel(dt, L, S, H, Hkv, D, D, grad) is not None):
+               else auto_rule.fp32_small_kernel(L, S, square, grad, D, D) if fp32_tiles
+               else auto_rule.gqa_decode_kernel(dt, L, S, H, Hkv, D, D, grad))
+        if why is not None:
             return None
     # L == 1 < S: bottom-right causal masks nothing
     return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv

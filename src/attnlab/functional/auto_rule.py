@@ -329,11 +329,12 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     """Why the compiled kernel is faster than SDPA on this plain request, or None (see NATIVE_TRAIN_FROM)."""
     dtype, causal, LS = req.q.dtype, req.is_causal_only, req.shape.L * req.shape.S
     amx = cpu_class() == "amx"
-    half = _half_kernel(req) or _gqa_decode_kernel(req)
+    half = _half_kernel(req)
     if half is not None:
         return half
     if dtype == torch.float32 and LS <= SMALL_PROBLEM:            # below it every other rule says SDPA
-        return fp32_small_kernel(req.shape.L, req.shape.S, causal, req.needs_grad, req.shape.D, req.shape.Dv)
+        return (fp32_small_kernel(req.shape.L, req.shape.S, causal, req.needs_grad, req.shape.D, req.shape.Dv)
+                or _gqa_decode_kernel(req))
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
         if not _on_amx(req) or LS <= SMALL_PROBLEM:
             return None
