@@ -1,5 +1,5 @@
-"""The small-request shortcut in ``attention``: it must call SDPA exactly where ``auto`` would pick
-it, with the same arguments, and leave every other request (and every bad input) to the full path."""
+"""The small-request shortcut in ``attention``: it must call SDPA or the compiled kernel exactly where ``auto`` would
+pick it, with the same arguments, and leave every other request (and every bad input) to the full path."""
 import math
 
 import pytest
@@ -19,6 +19,12 @@ def qkv(B=2, H=3, L=32, S=32, D=16, dtype=torch.float32, Hkv=None, Dv=None):
     return q, k, v
 
 
+def routed(q, k, v, causal, scale=None):
+    """The backend the shortcut calls ('sdpa' or 'native'), or None: the full path."""
+    plain = api._plain_small(q, k, v, causal, scale)
+    return None if plain is None else plain[0]
+
+
 # D = 8 at n = 128 and 512: off the AVX-512 tiles, where plain fp32 that size goes to the kernel (FP32_SMALL_FROM)
 PLAIN = [dict(), dict(L=128, S=128, D=8), dict(L=1, S=16), dict(L=512, S=512, D=8), dict(L=7, S=40),
          dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(dtype=torch.float16), dict(B=1, H=1, D=1),
@@ -32,7 +38,7 @@ PLAIN = [dict(), dict(L=128, S=128, D=8), dict(L=1, S=16), dict(L=512, S=512, D=
 def test_shortcut_is_autos_sdpa_bit_for_bit(shape, causal, scale):
     q, k, v = qkv(**shape)
     causal = causal and q.shape[2] in (1, k.shape[2])          # bottom-right causal at L == 1 masks nothing
-    assert api._plain_small(q, k, v, causal, scale)
+    assert routed(q, k, v, causal, scale) == "sdpa"
     assert auto_rule.pick(make_request(q, k, v, causal=causal, scale=scale))[0] == "sdpa"
     got = al.attention(q, k, v, causal=causal, scale=scale)
     want = al.attention(q, k, v, causal=causal, scale=scale, backend="sdpa")
@@ -90,9 +96,9 @@ def test_half_precision_training_off_amx_takes_the_full_path(cls, dtype, monkeyp
                          (32, 8, cls == "avx2" or (cls != "amx" and dtype == torch.float16))):   # D = 8: off the tiles
         q, k, v = qkv(L=n, S=n, D=D, dtype=dtype)
         q.requires_grad_()
-        assert (api._plain_small(q, k, v, True, None) is None) == kernel, (n, D)
+        assert routed(q, k, v, True) == ("native" if kernel else "sdpa"), (n, D)
         with torch.no_grad():
-            assert api._plain_small(q, k, v, True, None)                    # inference at n = 32, 16: SDPA
+            assert routed(q, k, v, True) == "sdpa"                          # inference at n = 32, 16
         assert auto_rule.pick(make_request(q, k, v, causal=True))[0] == ("native" if kernel else "sdpa"), (n, D)
 
 
@@ -107,10 +113,9 @@ def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monke
                          (1, 64, False), (16, 64, False), (1, 255, False), (1, 256, True), (4, 4096, True)):
         q, k, v = qkv(L=L, S=S, dtype=torch.float16)
         causal = L == S                                                  # decoding: no mask
-        shortcut = api._plain_small(q, k, v, causal, None) is not None
         picked = auto_rule.pick(make_request(q, k, v, causal=causal))[0]
-        assert shortcut == (cls == "amx" or not kernel), (L, S)
-        assert picked == ("sdpa" if shortcut else "native"), (L, S, picked)
+        assert picked == ("native" if kernel and cls != "amx" else "sdpa"), (L, S, picked)
+        assert routed(q, k, v, causal) == picked, (L, S)
 
 
 def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles):
@@ -128,7 +133,7 @@ def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crosso
                                       (128, 32, False, False, 3), (256, 255, False, True, 3),
                                       (16, 16384, False, True, 3)):
         q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16, Hkv=Hkv)
-        assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (L, S, causal, Hkv)
+        assert routed(q, k, v, causal) == ("native" if kernel else "sdpa"), (L, S, causal, Hkv)
         assert auto_rule.pick(make_request(q, k, v, causal=causal))[0] == ("native" if kernel else "sdpa")
 
 
@@ -148,7 +153,7 @@ def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkey
             kernel = kernel and cls == "avx512_bf16"
             q, k, v = qkv(L=L, S=S)
             q.requires_grad_(grad)
-            assert (api._plain_small(q, k, v, causal, None) is None) == kernel, (cls, L, S, causal)
+            assert routed(q, k, v, causal) == ("native" if kernel else "sdpa"), (cls, L, S, causal)
             picked = auto_rule.pick(make_request(q, k, v, causal=causal))
             assert picked[0] == ("native" if kernel else "sdpa"), (cls, L, S, causal, picked)
             if kernel:
@@ -169,7 +174,7 @@ def test_fp32_gqa_decoding_on_the_zen4_takes_the_kernel_from_its_crossover(monke
             q, k, v = qkv(B=1, H=H, Hkv=Hkv, L=1, S=S, D=D)
             q.requires_grad_(grad)
             kernel = kernel and not grad and cls == "avx512_bf16"
-            assert (api._plain_small(q, k, v, False, None) is None) == kernel, (cls, H, Hkv, S, D)
+            assert routed(q, k, v, False) == ("native" if kernel else "sdpa"), (cls, H, Hkv, S, D)
             picked = auto_rule.pick(make_request(q, k, v))
             assert picked[0] == ("native" if kernel else "sdpa"), (cls, H, Hkv, S, D, picked)
             if kernel:
@@ -199,6 +204,53 @@ def test_a_decode_step_takes_the_shortcut_unmasked(monkeypatch):
     want = al.attention(q, k, v, causal=True, backend="reference")
     monkeypatch.setattr(api, "make_request", lambda *a, **kw: pytest.fail("the full path ran"))
     torch.testing.assert_close(al.attention(q, k, v, causal=True), want)
+
+
+# requests the Zen 4's rules send to the compiled kernel: bf16 decoding, a small bf16 forward, causal or not, fp16
+# decoding (as fp32 inside, rounded once), fp32 GQA decoding (stacked: native_stack.py)
+KERNEL_SHORTCUTS = [dict(B=1, H=8, L=1, S=128, D=64, dtype=torch.bfloat16), dict(L=64, S=64, dtype=torch.bfloat16),
+                    dict(B=1, H=4, L=1, S=256, dtype=torch.float16),
+                    dict(B=1, H=32, Hkv=8, L=1, S=1024, D=128)]
+
+
+@pytest.mark.parametrize("shape", KERNEL_SHORTCUTS, ids=str)
+@pytest.mark.parametrize("how", ["plain", "causal", "causal mask"])
+def test_shortcut_to_the_kernel_is_the_native_backend_bit_for_bit(shape, how, monkeypatch, tiles):
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
+    q, k, v = qkv(**shape)
+    kw = dict(causal=how == "causal", mask=al.masks.causal() if how == "causal mask" else None)
+    assert routed(q, k, v, how != "plain") == "native"
+    assert auto_rule.pick(make_request(q, k, v, **kw))[0] == "native"
+    want, unmasked = al.attention(q, k, v, backend="native", **kw), al.attention(q, k, v, backend="native")
+    monkeypatch.setattr(api, "make_request", lambda *a, **kw: pytest.fail("the full path ran"))
+    got = al.attention(q, k, v, **kw)
+    assert got.dtype == q.dtype and torch.equal(got, want)
+    # the causal mask was applied (at L == 1 it masks nothing)
+    assert torch.equal(got, unmasked) == (how == "plain" or q.shape[2] == 1)
+
+
+def test_shortcut_to_the_kernel_keeps_gradients(monkeypatch, tiles):
+    """bf16 training below SMALL_PROBLEM goes to the kernel on the Zen 4's tiles: through the shortcut, the same
+    output and gradients as the native backend by name."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
+    q, k, v = qkv(L=32, S=32, D=16, dtype=torch.bfloat16)
+    grads = []
+    for backend in ("auto", "native"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if backend == "auto":
+            assert routed(*leaves, True) == "native"
+        out = al.attention(*leaves, causal=True, backend=backend)
+        out.float().square().sum().backward()
+        grads.append([out.detach()] + [t.grad for t in leaves])
+    for got, want in zip(*grads):
+        assert torch.equal(got, want)
+
+
+def test_without_the_kernel_the_shortcut_calls_sdpa(monkeypatch, tiles):
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
+    monkeypatch.setattr(api, "why_native_unavailable", lambda: "not built")
+    q, k, v = qkv(B=1, H=8, L=1, S=128, D=64, dtype=torch.bfloat16)
+    assert routed(q, k, v, False) == "sdpa"
 
 
 def test_transposed_and_subclass_inputs_take_the_full_path():

@@ -12,10 +12,13 @@ from . import auto_rule
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_memo import decided
 from .auto_rule import SMALL_PROBLEM, candidates, rule_source, skippable
+from .backends.native import native_forward
+from .backends.native import why_unavailable as why_native_unavailable
 from .backends.reference import reference_attention
 from .backends.sdpa import NAN_SAFE_S, finite, rows_overlap
 from .dropout import new_seed
 from .masks import CausalMask, DenseMask
+from .masks import causal as causal_mask_of
 from .masks import parts as mask_parts
 from .registry import Backend, get_backend
 from .request import AttentionRequest, make_request
@@ -24,13 +27,14 @@ from .scope import current_backend
 __all__ = ["attention", "explain", "choose_backend", "skippable"]
 
 
-def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
-    """Is this a request ``make_request`` would accept and ``auto_rule.pick`` send to SDPA's flash kernel, with
-    nothing for attnlab to add (no mask but causal with L == S, or with L == 1, where it masks nothing; no
-    bias or dropout (GQA is SDPA's enable_gqa); q and k finite below NAN_SAFE_S keys; at most SMALL_PROBLEM
-    scores per head)? Then SDPA's arguments (is_causal, scale, enable_gqa), else None, and ``attention``
-    calls SDPA directly: validating and choosing through the request costs as much as the whole attention
-    of a 128-token head (tests/test_dispatch.py keeps this predicate and ``auto_rule.pick`` in step).
+def _plain_small(q, k, v, causal, scale) -> Optional[tuple[str, bool, float, bool]]:
+    """Is this a request ``make_request`` would accept and ``auto_rule.pick`` send to SDPA's flash kernel or to the
+    compiled kernel with nothing for attnlab to add (no mask but causal with L == S, or with L == 1, where it masks
+    nothing; no bias or dropout (GQA is SDPA's enable_gqa, the kernel's kv head per group); at most SMALL_PROBLEM
+    scores per head)? Then (backend, is_causal, scale, enable_gqa), else None, and ``attention`` calls the backend
+    directly: validating and choosing through the request costs as much as the whole attention of a 128-token
+    head (tests/test_dispatch.py keeps this predicate and ``auto_rule.pick`` in step). SDPA's only where q and k
+    are finite below NAN_SAFE_S keys (its short rows drop a NaN, backends/sdpa.py; the kernel's do not).
 
     Each shape and stride is read once: on a decode step this predicate is most of attnlab's cost over
     SDPA's own (a tensor attribute costs 0.15-0.5 us from Python; docs/benchmarks.md, issue #29)."""
@@ -50,24 +54,26 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[bool, float, bool]]:
             and q.is_cpu and k.is_cpu and v.is_cpu
             and qst[-1] == 1 and kst[-1] == 1 and vst[-1] == 1
             # torch's SDPA misreads overlapping rows: the backend copies them
-            and not (rows_overlap(qst, qs) or rows_overlap(kst, ks) or rows_overlap(vst, ks))
-            and (S >= NAN_SAFE_S or finite(q, k))):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
+            and not (rows_overlap(qst, qs) or rows_overlap(kst, ks) or rows_overlap(vst, ks))):
         return None
+    # L == 1 < S: bottom-right causal masks nothing
+    plain = (causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv)
     # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (decode steps: too few queries);
     # fp32 GQA decoding on the Zen 4, where the kernel stacks a group's query heads into one head's rows
     half = dt is torch.bfloat16 or dt is torch.float16
     fp32_tiles = dt is torch.float32 and L >= auto_rule.FP32_SMALL_MIN and S >= auto_rule.FP32_SMALL_MIN
     fp32_gqa_step = dt is torch.float32 and L == 1 and H != Hkv
-    if half or fp32_tiles or fp32_gqa_step:
+    if (half or fp32_tiles or fp32_gqa_step) and why_native_unavailable() is None:
         grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
         square = causal is True and L == S
         why = (auto_rule.half_kernel(dt, L, S, square, grad, D, D) if half
                else auto_rule.fp32_small_kernel(L, S, square, grad, D, D) if fp32_tiles
                else auto_rule.gqa_decode_kernel(dt, L, S, H, Hkv, D, D, grad))
         if why is not None:
-            return None
-    # L == 1 < S: bottom-right causal masks nothing
-    return causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv
+            return ("native",) + plain
+    if S < NAN_SAFE_S and not finite(q, k):                  # SDPA's short rows drop a NaN (backends/sdpa.py)
+        return None
+    return ("sdpa",) + plain
 
 
 _PLAIN_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -124,8 +130,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal: bool = Fals
             and return_weights is False and type(dropout_p) in (float, int) and dropout_p == 0
             and type(causal) is bool):
         plain = _plain_small(q, k, v, causal or causal_mask, scale)
-        if plain is not None:            # auto's own pick, called as the sdpa backend calls it, with no request
-            is_causal, scale, gqa = plain
+        if plain is not None:            # auto's own pick, called as its backend calls it, with no request
+            name, is_causal, scale, gqa = plain
+            if name == "native":         # masks.causal() is one shared object: its plans are kept (mask_plan.py)
+                return native_forward(q, k, v, mask=causal_mask_of() if is_causal else None, scale=scale)[0]
             if gqa:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
             return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
