@@ -25,9 +25,11 @@ def routed(q, k, v, causal, scale=None):
     return None if plain is None else plain[0]
 
 
-# D = 8 at n = 128 and 512: off the AVX-512 tiles, where plain fp32 that size goes to the kernel (FP32_SMALL_FROM)
+# D = 8: off the AVX-512 tiles, where plain fp32 at n = 128 and 512 (FP32_SMALL_FROM) and bf16 from n = 16 go to the
+# kernel; fp16 below 16 keys: SDPA on every class
 PLAIN = [dict(), dict(L=128, S=128, D=8), dict(L=1, S=16), dict(L=512, S=512, D=8), dict(L=7, S=40),
-         dict(dtype=torch.float64), dict(dtype=torch.bfloat16), dict(dtype=torch.float16), dict(B=1, H=1, D=1),
+         dict(dtype=torch.float64), dict(dtype=torch.bfloat16, D=8), dict(dtype=torch.float16, L=15, S=15),
+         dict(B=1, H=1, D=1),
          dict(S=15), dict(L=8, S=8), dict(L=3, S=3, dtype=torch.float64),   # few keys, finite: a check, then SDPA
          dict(H=4, Hkv=2), dict(B=1, H=8, Hkv=1, L=1, S=64)]                   # GQA, MQA decode
 
@@ -103,38 +105,67 @@ def test_half_precision_training_off_amx_takes_the_full_path(cls, dtype, monkeyp
 
 
 @pytest.mark.parametrize("cls", ["avx2", "avx512_bf16", "amx"])
-def test_fp16_inference_takes_the_shortcut_only_where_auto_picks_sdpa(cls, monkeypatch):
-    """fp16 inference off AMX (no fast fp16 GEMM: the Zen 3 and the Zen 4) goes to the compiled kernel from n = 48
-    (AVX2_FP16_FROM) or 256 keys (AVX2_FP16_KEYS_FROM), to SDPA below; on AMX to SDPA at every size the shortcut
-    covers (not measured there)."""
+def test_fp16_inference_goes_to_the_kernel_where_its_class_measured_it_faster(cls, monkeypatch):
+    """fp16 inference off AMX (no fast fp16 GEMM: the Zen 3 and the Zen 4) goes to the compiled kernel by its class's
+    FP16_FWD_FROM: on the Zen 3 from n = 48 or 256 keys, on the Zen 4 from n = 48 or, without a mask, 16 keys; to SDPA
+    below; on AMX to SDPA at every size the shortcut covers (not measured there). The shortcut calls what auto picks."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-    assert (auto_rule.AVX2_FP16_FROM, auto_rule.AVX2_FP16_KEYS_FROM) == (48 * 48, 256)
-    for L, S, kernel in ((32, 32, False), (47, 47, False), (48, 48, True), (128, 128, True), (512, 512, True),
-                         (1, 64, False), (16, 64, False), (1, 255, False), (1, 256, True), (4, 4096, True)):
-        q, k, v = qkv(L=L, S=S, dtype=torch.float16)
-        causal = L == S                                                  # decoding: no mask
-        picked = auto_rule.pick(make_request(q, k, v, causal=causal))[0]
-        assert picked == ("native" if kernel and cls != "amx" else "sdpa"), (L, S, picked)
-        assert routed(q, k, v, causal) == picked, (L, S)
+    assert auto_rule.FP16_FWD_FROM == {"avx2": (48 * 48, 256), "avx512_bf16": (48 * 48, 16)}
+    zen4 = cls == "avx512_bf16"
+    for L, S, kernel in ((32, 32, zen4), (47, 47, zen4), (48, 48, True), (128, 128, True), (512, 512, True),
+                         (1, 64, zen4), (16, 64, zen4), (1, 255, zen4), (1, 256, True), (4, 4096, True),
+                         (1, 16, zen4), (1, 15, False), (47, 15, False), (16, 16, zen4)):
+        for causal in (False, True):
+            if causal and L != S:
+                continue
+            q, k, v = qkv(B=1, L=L, S=S, dtype=torch.float16)     # 3 heads: causal below 96^2 scores over them
+            want = kernel and cls != "amx" and not (causal and L * S < 48 * 48)
+            picked = auto_rule.pick(make_request(q, k, v, causal=causal))[0]
+            assert picked == ("native" if want else "sdpa"), (L, S, causal, picked)
+            assert routed(q, k, v, causal) == picked, (L, S, causal)
 
 
 def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles):
-    """bf16 forward below 512^2 on the Zen 4's tiles: the kernel where queries and keys both number at least 64, with
-    or without a causal mask (BF16_SMALL_FWD_FROM), and decoding (fewer queries) from 64 keys with one query, grouped
-    or not, and from 256 with more (BF16_DECODE_KEYS_FROM); below, SDPA through the shortcut."""
+    """bf16 forward below 512^2 on the Zen 4's tiles: the kernel where queries and keys both number at least 16 without
+    a mask and 48 with a causal one (BF16_SMALL_FWD_FROM; below, causal from 96^2 scores over all heads: with B * H
+    = 6 from n = 40), and decoding without a mask (fewer queries) from 32 keys with one query, grouped or not, from 64
+    with 2-4 and from 16 with more (BF16_DECODE_KEYS_FROM); below, SDPA through the shortcut."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: "avx512_bf16")
-    assert auto_rule.BF16_SMALL_FWD_FROM == {False: 64, True: 64}
-    assert auto_rule.BF16_DECODE_KEYS_FROM == ((1, 64), (None, 256))
-    for L, S, causal, kernel, Hkv in ((48, 48, False, False, 3), (64, 64, False, True, 3), (512, 512, False, True, 3),
-                                      (48, 48, True, False, 3), (64, 64, True, True, 3), (1, 4096, False, True, 3),
-                                      (1, 64, False, True, 3), (1, 63, False, False, 3), (1, 64, False, True, 1),
-                                      (1, 63, False, False, 1), (2, 255, False, False, 3), (2, 256, False, True, 3),
-                                      (4, 2048, False, True, 3), (16, 256, False, True, 3), (32, 128, False, False, 3),
-                                      (128, 32, False, False, 3), (256, 255, False, True, 3),
+    assert auto_rule.BF16_SMALL_FWD_FROM == {False: 16, True: 48}
+    assert auto_rule.BF16_DECODE_KEYS_FROM == ((1, 32), (4, 64), (None, 16))
+    for L, S, causal, kernel, Hkv in ((16, 16, False, True, 3), (15, 15, False, False, 3), (15, 16, False, True, 3),
+                                      (48, 48, False, True, 3), (512, 512, False, True, 3),
+                                      (32, 32, True, False, 3), (39, 39, True, False, 3), (40, 40, True, True, 3),
+                                      (64, 64, True, True, 3), (1, 4096, False, True, 3),
+                                      (1, 32, False, True, 3), (1, 31, False, False, 3), (1, 32, False, True, 1),
+                                      (1, 31, False, False, 1), (2, 63, False, False, 3), (2, 64, False, True, 3),
+                                      (4, 63, False, False, 3), (4, 64, False, True, 3), (5, 16, False, True, 3),
+                                      (5, 15, False, False, 3), (128, 8, False, False, 3),
+                                      (4, 2048, False, True, 3), (16, 256, False, True, 3), (32, 128, False, True, 3),
+                                      (128, 32, False, True, 3), (256, 255, False, True, 3),
                                       (16, 16384, False, True, 3)):
         q, k, v = qkv(L=L, S=S, dtype=torch.bfloat16, Hkv=Hkv)
         assert routed(q, k, v, causal) == ("native" if kernel else "sdpa"), (L, S, causal, Hkv)
         assert auto_rule.pick(make_request(q, k, v, causal=causal))[0] == ("native" if kernel else "sdpa")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cls", ["avx512_bf16", "avx2", "amx"])
+def test_a_small_causal_forward_with_many_heads_takes_the_kernel_on_the_zen4(cls, dtype, monkeypatch, tiles):
+    """bf16 and fp16 causal inference below n = 48 on the Zen 4's class: the kernel from 96^2 scores over all the
+    query heads, B * H * L * S (SMALL_CAUSAL_FWD_SCORES), where SDPA's causal kernel is slower; SDPA below, with
+    gradients (their own rules) and on the other classes (not measured)."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
+    assert auto_rule.SMALL_CAUSAL_FWD_SCORES == {"avx512_bf16": 96 * 96}
+    for B, H, n, kernel in ((1, 16, 24, True), (1, 16, 23, False), (1, 32, 16, False), (1, 32, 17, True),
+                            (2, 8, 24, True), (1, 8, 32, False), (1, 4, 40, False), (1, 1, 8, False)):
+        q, k, v = qkv(B=B, H=H, L=n, S=n, D=64, dtype=dtype)
+        want = "native" if kernel and cls == "avx512_bf16" else "sdpa"
+        picked = auto_rule.pick(make_request(q, k, v, causal=True))
+        assert picked[0] == want and routed(q, k, v, True) == want, (B, H, n, picked)
+        if want == "native":
+            assert "many heads" in picked[1] and "AMD Zen 4" in picked[1], picked
+        assert routed(q, k, v, False) == ("native" if cls == "avx512_bf16" and n >= 16 else "sdpa")   # no mask
 
 
 @pytest.mark.parametrize("grad", [False, True])

@@ -380,7 +380,7 @@ def test_fp16_without_avx512_goes_to_the_compiled_kernel_where_it_measured_faste
     """fp16 on the Zen 3: the kernel (fp16 computed as fp32) with gradients at every size, forward from n = 48,
     SDPA below; and with a dense mask however few of its tiles are empty (2.3-2.4x with a random half of the
     pairs, since the kernel masks a word at a time; 0.85-0.94x before)."""
-    from attnlab.functional.auto_rule import AVX2_FP16_FROM
+    from attnlab.functional.auto_figures import AVX2_FP16_FROM
     assert AVX2_FP16_FROM == 48 * 48
     x = torch.empty(1, 8, 32, 64, dtype=torch.float16)
     assert al.explain(x, x, x).split("\n")[1].startswith("auto -> sdpa")
@@ -504,10 +504,11 @@ def test_fp16_on_amx_keeps_sdpa_for_plain_requests_and_says_where_fp16_was_measu
 
 @pytest.mark.parametrize("cls", ["avx512_bf16", "avx512"])
 def test_fp16_on_the_zen4_goes_to_the_compiled_kernel_where_it_measured_faster(monkeypatch, cls):
-    """The Zen 4 has no AVX512-FP16 either (every class off AMX): fp16 forward from n = 48 or 256 keys as on the Zen 3,
-    with gradients from 32^2 scores, masked by the Zen 4's own fp16 figures."""
+    """The Zen 4 has no AVX512-FP16 either (every class off AMX): fp16 forward from n = 48, or from 16 keys without a
+    mask (FP16_FWD_FROM), with gradients from 32^2 scores, masked by the Zen 4's own fp16 figures."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
-    for n, kw, want in ((32, {}, "sdpa"), (48, {}, "native: fp16 forward"),
+    for n, kw, want in ((32, dict(causal=True), "sdpa"), (32, {}, "native: fp16 forward"),
+                        (48, dict(causal=True), "native: fp16 forward"),
                         (4096, dict(causal=True), "native: fp16 forward")):
         x = torch.empty(1, 8, n, 64, dtype=torch.float16)
         line = al.explain(x, x, x, **kw).split("\n")[1]

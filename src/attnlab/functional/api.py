@@ -66,7 +66,7 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[str, bool, float, boo
     if (half or fp32_tiles or fp32_gqa_step) and why_native_unavailable() is None:
         grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
         square = causal is True and L == S
-        why = (auto_rule.half_kernel(dt, L, S, square, grad, D, D) if half
+        why = (auto_rule.half_kernel(dt, L, S, square, grad, D, D, B * H) if half
                else auto_rule.fp32_small_kernel(L, S, square, grad, D, D) if fp32_tiles
                else auto_rule.gqa_decode_kernel(dt, L, S, H, Hkv, D, D, grad))
         if why is not None:

@@ -114,6 +114,11 @@ AVX2_TRAIN_FROM = 2048 * 2048
 # cost grows with the keys, 0.97 ms for 1 query over 1024), and with gradients at every size (AVX2_MEASURED below;
 # docs/benchmarks.md, "Issue #27: float16 in the compiled kernel" and "Issue #27: small requests").
 AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
+# ... by measured class, as (from this many scores, or without a mask from this many keys): on the Zen 4, where
+# attention's small-request shortcut calls the kernel, from 16 keys without a mask whatever the queries, and causal
+# from n = 48 (at 16-32 SDPA's causal kernel ties or wins: 0.63-0.96x) (ZEN4_MEASURED["fp16 forward"]; the Zen 3's
+# thresholds until then: docs/benchmarks.md, "Issue #27: auto's shortcut to the kernel").
+FP16_FWD_FROM = {"avx2": (AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM), "avx512_bf16": (48 * 48, 16)}
 
 
 # Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native_ops.py,
@@ -201,8 +206,11 @@ ZEN4_MEASURED = {
                       f"n = 64-1024, D = 64 ({ZEN4})"),
     "fp16 forward": ("fp16 forward on a CPU without AVX512-FP16: the compiled kernel, which computes fp16 as fp32, "
                      "measured 0.93-1.19x SDPA's without a mask or with a causal one at n = 48-64, 2.0-3.4x at "
-                     "n = 96-512 and 1.7-2.2x at n = 1024-4096 (0.50-0.69x at n = 16-32), and 2.1-5.0x with 1 or 16 "
-                     f"queries over 256-4096 keys without a mask, D = 64 ({ZEN4})"),
+                     "n = 96-512 and 1.7-2.2x at n = 1024-4096, and 2.1-5.0x with 1 or 16 queries over 256-4096 "
+                     "keys without a mask; called by attention's small-request shortcut, 1.28-4.49x the sdpa "
+                     "backend's with 1-32 queries over 16-255 keys without a mask (the SDPA call auto made before: "
+                     "1.02-1.24x) and 0.83-1.07x torch SDPA's at n = 16-32 (that SDPA call: 0.77-0.89x), D = 64 "
+                     f"({ZEN4})"),
     "fp16 masked": ("measured 2.2-2.4x torch SDPA's fp16 forward (given the dense mask) with key padding and "
                     "5.0-19x with a W = 256 window at n = 1024-4096, 11-88x their forward+backward, and 2.1-2.9x "
                     f"with a random half or eighth of the pairs given densely at n = 1024-2048, D = 64 ({ZEN4})"),
@@ -213,17 +221,22 @@ ZEN4_MEASURED = {
                             "padding, a W = 32 window, 4 documents or a dense mask at n = 16-128 (D = 64; SDPA's "
                             f"bf16 forward+backward took 2.4-2.9x its fp32 one at n = 64) ({ZEN4})"),
     "bf16 small forward": ("bf16 forward below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the "
-                           "compiled kernel measured 1.26-1.70x torch SDPA's without a mask and 1.31-2.09x with a "
-                           "causal one at n = 64-128 (1.06x at 48, 0.53-0.74x at 16-32), D = 64, since its bf16 "
-                           "tile buffers are zeroed by one memset, not one bf16 at a time (1.24-1.94x at n = 96-512 "
-                           f"before) ({ZEN4})"),
+                           "compiled kernel, called by attention's small-request shortcut, measured 1.30-1.69x the "
+                           "SDPA call auto made before at n = 48 without a mask and 1.11-1.72x causal, 0.98-1.36x at "
+                           "32 without a mask (0.66-0.81x torch SDPA's time at 16, a tie with that SDPA call), and "
+                           "1.26-2.09x torch SDPA at n = 64-128, D = 64; 1.5-3.1x with H = 32 and D = 128 at n = "
+                           f"16-128 ({ZEN4})"),
+    "small causal forward": ("a small bf16 or fp16 causal forward with many heads (B * H * L * S >= 96^2 scores): "
+                             "the compiled kernel, called by attention's small-request shortcut, measured 1.4-2.1x "
+                             "the SDPA call auto made before with H = 16-32 at n = 24-40 and H = 8, D = 128 at 40 "
+                             "(D = 64 unless said; a tie or SDPA with H = 4-8 at n = 16-32, and in fp16 with H = 16 "
+                             f"at 24-32) ({ZEN4})"),
     "bf16 decode": ("bf16 forward of few queries over many keys without a mask on the AVX-512 tiles (D, Dv "
-                    "multiples of 16): the compiled kernel measured 1.33-2.59x the SDPA call auto made with 1 query "
-                    "over 64-256 keys, and with 2-16 queries 1.05-1.30x over 256 keys and 1.11-1.49x over 384-1024 "
-                    "(0.88-1.11x over 64-128), D = 64, since its bf16 tile buffers are zeroed by one memset, not one "
-                    "bf16 at a time (before, it lost to SDPA with 1 query below 384 keys and with 2-4 below 2048); "
-                    "with grouped queries (8 and 32 query heads over 2 and 8 kv heads) 1.57-7.3x over 64-256 keys "
-                    f"(scripts/bench_decode.py; {ZEN4})"),
+                    "multiples of 16): the compiled kernel, called by attention's small-request shortcut, measured "
+                    "1.27-1.48x the sdpa backend with 1 query over 32 keys, 1.35-1.53x with 2-4 queries over 64-128 "
+                    "and 1.38-2.03x with 16-32 queries over 16-128 keys (the SDPA call auto made before 1.05-1.24x "
+                    "there), 1.47-4.0x with 1 query over 64-1024 keys, D = 64; with grouped queries (8 and 32 query "
+                    f"heads over 2 and 8 kv heads) 1.57-7.3x over 64-256 keys (scripts/bench_decode.py; {ZEN4})"),
     "fp32 gqa decode": ("fp32 decoding with grouped queries (one query per head, 4 or more query heads per kv head, "
                         "D >= 128): the compiled kernel stacks each group's query heads into one head's rows and "
                         "reads K and V once, and measured 1.21-2.21x SDPA's (with enable_gqa) over 1024-8192 keys "
@@ -266,15 +279,25 @@ ZEN4_MEASURED = {
 # n = 64 there).
 FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
 # bf16 forward without a mask (False) or causal (True) below 512^2 scores on the Zen 4: the kernel where both the
-# queries and the keys number at least this many (ZEN4_MEASURED["bf16 small forward"]; 96 without a mask until the
-# kernel's bf16 tile buffers were zeroed by one memset: docs/benchmarks.md, "Issue #27: bf16 scratch buffers").
-BF16_SMALL_FWD_FROM = {False: 64, True: 64}
+# queries and the keys number at least this many (ZEN4_MEASURED["bf16 small forward"]): without a mask from 16, causal
+# from 48 (below, SDPA's causal kernel is faster: the kernel 0.84-0.91x its time at n = 16-32). 64 with or without
+# a mask until attention's small-request shortcut called the kernel directly (docs/benchmarks.md, "Issue #27: auto's
+# shortcut to the kernel"), 96 without a mask until the kernel's bf16 tile buffers were zeroed by one memset ("Issue
+# #27: bf16 scratch buffers").
+BF16_SMALL_FWD_FROM = {False: 16, True: 48}
+# A causal forward below those (bf16) or below 48^2 scores (fp16, FP16_FWD_FROM) goes to the kernel where it has many
+# heads: from this many scores over all the query heads, B * H * L * S, by measured class (ZEN4_MEASURED["small causal
+# forward"]). Measured at D = 64 (and 128): the kernel won with H = 16 from n = 24, with H = 32 from 24 (and at 16 with
+# D = 128, which this leaves to SDPA), with H = 8 at 40 with D = 128; SDPA won or tied with H = 8 at 32 and with H = 4
+# up to 40.
+SMALL_CAUSAL_FWD_SCORES = {"avx512_bf16": 96 * 96}
 # ... and without a mask (decoding: fewer queries) from a number of keys that depends on the queries, as (at most
 # this many queries or None: any, from this many keys), first match (ZEN4_MEASURED["bf16 decode"]). One query from
-# 64 keys (1.33x the SDPA call there), more from 256 (2-16 queries 1.05-1.30x there, 0.88-1.11x over 64-128). Until
-# the buffers' memset: one query from 384 keys, 2-4 from 2048, more from 1024 (docs/benchmarks.md, "Issue #27: bf16
-# decoding by the number of queries"), and before that 1024 whatever the queries.
-BF16_DECODE_KEYS_FROM = ((1, 64), (None, 256))
+# 32 keys, 2-4 from 64 (over 16-32 keys the two tie: 0.89-1.18x), more from 16. Until the shortcut called the kernel
+# directly: one query from 64 keys, more from 256; until the buffers' memset: one query from 384 keys, 2-4 from
+# 2048, more from 1024 ("Issue #27: bf16 decoding by the number of queries"), and before that 1024 whatever the
+# queries.
+BF16_DECODE_KEYS_FROM = ((1, 32), (4, 64), (None, 16))
 # Decoding with grouped queries (one query per head, H > Hkv) in fp32 on the Zen 4, where the kernel stacks each
 # group's query heads into one head's rows (backends/native_stack.py) and SDPA reads K and V once per query head:
 # with at least 4 query heads per kv head and D >= 128, from 1024 keys (ZEN4_MEASURED["fp32 gqa decode"]). (bf16

@@ -12,6 +12,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -20,10 +21,11 @@ from torch import Tensor
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_figures import (
     AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
-    AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
-    BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_TRAIN_FROM, FP32_SMALL_FROM,
-    FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
-    MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_PROBLEM, SMALL_TRAIN_FROM, SPARSE_FROM,
+    AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
+    BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_FWD_FROM, FP16_TRAIN_FROM,
+    FP32_SMALL_FROM, FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
+    MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_CAUSAL_FWD_SCORES, SMALL_PROBLEM,
+    SMALL_TRAIN_FROM, SPARSE_FROM,
     TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
 from .backends.native import on_amx, on_tiles
 from .backends.sdpa import sdpa_kernel_kind
@@ -52,10 +54,12 @@ def no_bf16_gemm() -> bool:
     return cpu_class() in NO_BF16_GEMM
 
 
-def fp16_forward_native(L: int, S: int) -> bool:
-    """Does plain fp16 inference of L queries over S keys go to the compiled kernel on a CPU without a fast fp16
-    GEMM (measured on the Zen 3 and the Zen 4)?"""
-    return L * S >= AVX2_FP16_FROM or S >= AVX2_FP16_KEYS_FROM
+def fp16_forward_native(L: int, S: int, causal: bool, measured: str) -> bool:
+    """Does plain fp16 inference of L queries over S keys (causal: with a causal mask, L == S) go to the compiled
+    kernel on a CPU without a fast fp16 GEMM, by the thresholds of the ``measured`` class (FP16_FWD_FROM: the Zen 3's,
+    the Zen 4's)?"""
+    scores, keys = FP16_FWD_FROM[measured]
+    return L * S >= scores or (not causal and S >= keys)
 
 
 def _off_amx() -> Optional[str]:
@@ -64,34 +68,40 @@ def _off_amx() -> Optional[str]:
     return MEASURED_OFF_AMX.get(cpu_class())
 
 
-def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
-    """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys on this CPU, or None:
-    off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without
-    AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward, its forward from
-    BF16_SMALL_FWD_FROM queries and keys and its decoding over BF16_DECODE_KEYS_FROM keys (by the number of
-    queries). With gradients the reason holds whatever the mask (``pick`` asks for a measured kind where it is the
-    small bf16 one); without, for a plain request (no mask, or causal with L == S). ``attention``'s small-request
-    shortcut asks it too."""
+def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int,
+                heads: int = 1) -> Optional[str]:
+    """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys in ``heads`` query heads
+    (B * H) on this CPU, or None: off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no
+    AVX512-FP16), bf16 on a CPU without AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles,
+    bf16's backward, its forward from BF16_SMALL_FWD_FROM queries and keys and, without a mask, its decoding over
+    BF16_DECODE_KEYS_FROM keys (by the number of queries); a small causal forward of either from SMALL_CAUSAL_FWD_SCORES
+    scores over all heads. With gradients the reason holds whatever the mask (``pick`` asks for a measured kind where
+    it is the small bf16 one); without, for a plain request (no mask, or causal with L == S). ``attention``'s
+    small-request shortcut asks it too."""
     measured = _off_amx()
     if measured is None or dtype not in (torch.bfloat16, torch.float16):
         return None
     figures, LS = FIGURES[measured], L * S
+    many_causal = causal and not needs_grad and heads * LS >= SMALL_CAUSAL_FWD_SCORES.get(measured, math.inf)
     if dtype == torch.float16:
         if needs_grad:
             return figures["fp16 training"] if LS >= FP16_TRAIN_FROM[measured] else None
-        return figures["fp16 forward"] if fp16_forward_native(L, S) else None
+        if fp16_forward_native(L, S, causal, measured):
+            return figures["fp16 forward"]
+        return figures["small causal forward"] if many_causal else None
     if measured in NO_BF16_GEMM:                     # the fallback: bf16 training at every size; forward, _plain_native
         return figures["bf16 training"] if needs_grad else None
     if LS > SMALL_PROBLEM:                           # above it: the tiles' rules (_plain_native)
         return None
     small = not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]
-    if small and S < next(keys for most, keys in BF16_DECODE_KEYS_FROM if most is None or L <= most):
+    if small and not many_causal and (
+            causal or S < next(keys for most, keys in BF16_DECODE_KEYS_FROM if most is None or L <= most)):
         return None                                  # before on_tiles: the shortcut's short decode steps
     if not on_tiles(D, Dv):
         return None
     if needs_grad:
         return figures["bf16 small training"]
-    return figures["bf16 decode" if small else "bf16 small forward"]
+    return figures["bf16 small forward" if not small else "small causal forward" if causal else "bf16 decode"]
 
 
 def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
@@ -304,8 +314,8 @@ def _on_tiles(req: AttentionRequest) -> bool:
 
 
 def _half_kernel(req: AttentionRequest) -> Optional[str]:
-    return half_kernel(req.q.dtype, req.shape.L, req.shape.S, req.is_causal_only, req.needs_grad, req.shape.D,
-                       req.shape.Dv)
+    s = req.shape
+    return half_kernel(req.q.dtype, s.L, s.S, req.is_causal_only, req.needs_grad, s.D, s.Dv, s.B * s.H)
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
