@@ -171,13 +171,16 @@ def test_a_small_causal_forward_with_many_heads_takes_the_kernel_on_the_zen4(cls
 @pytest.mark.parametrize("grad", [False, True])
 def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles, grad):
     """Plain fp32 below 512^2 on the Zen 4's tiles: the kernel from FP32_SMALL_FROM scores (causal 80^2 with
-    gradients, 88^2 forward; without a mask 288^2 forward, 256^2 with gradients) where queries and keys both number
-    at least 64; SDPA below, and on the Zen 3 (no tiles) and AMX at every size the shortcut covers."""
-    assert auto_rule.FP32_SMALL_MIN == 64
+    gradients, 88^2 forward; without a mask 128^2 forward, 256^2 with gradients) where queries and keys both number
+    at least 64, and a forward without a mask with 16-63 queries from 1024 keys (FP32_FEW_QUERIES_FROM); SDPA below,
+    and on the Zen 3 (no tiles) and AMX at every size the shortcut covers."""
+    assert auto_rule.FP32_SMALL_MIN == 64 and auto_rule.FP32_FEW_QUERIES_FROM == (16, 1024)
+    fwd = not grad
     cases = ((72, 72, True, False), (80, 80, True, grad), (84, 84, True, grad), (88, 88, True, True),
-             (128, 128, True, True), (512, 512, True, True), (256, 256, False, grad),
-             (287, 288, False, grad), (288, 288, False, True), (384, 384, False, True), (512, 512, False, True),
-             (64, 4096, False, True), (63, 4096, False, False), (4096, 63, False, False), (32, 32, False, False))
+             (128, 128, True, True), (512, 512, True, True), (128, 128, False, fwd), (127, 128, False, False),
+             (256, 256, False, True), (255, 256, False, fwd), (384, 384, False, True), (512, 512, False, True),
+             (64, 4096, False, True), (63, 4096, False, fwd), (16, 1024, False, fwd), (15, 1024, False, False),
+             (16, 1023, False, False), (4096, 63, False, False), (32, 32, False, False))
     for cls in ("avx512_bf16", "avx2", "amx"):
         monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
         for L, S, causal, kernel in cases:

@@ -58,10 +58,10 @@ def _plain_small(q, k, v, causal, scale) -> Optional[tuple[str, bool, float, boo
         return None
     # L == 1 < S: bottom-right causal masks nothing
     plain = (causal is True and L == S, 1.0 / math.sqrt(D) if scale is None else scale, H != Hkv)
-    # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (decode steps: too few queries);
+    # off AMX, where the kernel beats a slow half GEMM; fp32 on the Zen 4's tiles (not below 16 queries: SDPA);
     # fp32 GQA decoding on the Zen 4, where the kernel stacks a group's query heads into one head's rows
     half = dt is torch.bfloat16 or dt is torch.float16
-    fp32_tiles = dt is torch.float32 and L >= auto_rule.FP32_SMALL_MIN and S >= auto_rule.FP32_SMALL_MIN
+    fp32_tiles = dt is torch.float32 and L >= auto_rule.FP32_KERNEL_MIN[0] and S >= auto_rule.FP32_KERNEL_MIN[1]
     fp32_gqa_step = dt is torch.float32 and L == 1 and H != Hkv
     if (half or fp32_tiles or fp32_gqa_step) and why_native_unavailable() is None:
         grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()

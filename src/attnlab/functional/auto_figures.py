@@ -242,11 +242,18 @@ ZEN4_MEASURED = {
                         "reads K and V once, and measured 1.21-2.21x SDPA's (with enable_gqa) over 1024-8192 keys "
                         "(H = 16-32, 4-8 kv heads; 0.98-1.43x at 512; with D = 64, 0.59-1.26x) "
                         f"(scripts/bench_decode.py --layers 8; {ZEN4})"),
+    "fp32 few queries": ("plain fp32 forward without a mask, 16-63 queries from 1024 keys on the AVX-512 tiles (D, "
+                         "Dv multiples of 16): the compiled kernel, called by attention's small-request shortcut, "
+                         "measured 1.00-1.57x the sdpa backend (a median 1.26x) with 16-63 queries over 1024-4096 "
+                         "keys in four runs, where the SDPA call auto made before measured 0.95-1.05x (over 64-512 "
+                         f"keys a tie or slower; SDPA with 4-8 queries), D = 64 (scripts/bench_decode.py; {ZEN4})"),
     "fp32 small": ("plain fp32 below 512^2 scores on the AVX-512 tiles (D, Dv multiples of 16): the compiled kernel "
                    "measured 1.11-1.78x the sdpa backend's causal forward and 1.06-1.91x its causal forward+backward "
                    "at n = 128-512, 1.10-1.14x its forward without a mask at n = 384-512 and 1.06-1.32x that "
                    "forward+backward at n = 256-512, in two runs (and 1.05-1.34x torch SDPA's forward without a mask "
-                   "at n = 288-352 in three more, 0.98-1.10x at 256; 1.00-1.01x at 288 with D = 128), and "
+                   "at n = 288-352 in three more, 0.98-1.10x at 256; 1.00-1.01x at 288 with D = 128; since "
+                   "attention's small-request shortcut calls the kernel, 1.03-1.44x torch SDPA at n = 128-256, "
+                   "where auto's SDPA call measured 0.95-0.98x), and "
                    "1.05-1.16x the forward with 64-256 queries over "
                    "1024-4096 keys (512^2 scores); since it skips the causal diagonal's empty half, 1.18-1.31x torch "
                    "SDPA's causal forward+backward at n = 80 in four of six runs (0.97-0.99x in two) and 1.09-1.65x "
@@ -301,17 +308,21 @@ BF16_DECODE_KEYS_FROM = ((1, 32), (4, 64), (None, 16))
 # Decoding with grouped queries (one query per head, H > Hkv) in fp32 on the Zen 4, where the kernel stacks each
 # group's query heads into one head's rows (backends/native_stack.py) and SDPA reads K and V once per query head:
 # with at least 4 query heads per kv head and D >= 128, from 1024 keys (ZEN4_MEASURED["fp32 gqa decode"]). (bf16
-# decoding goes to the kernel from 64 keys with or without groups: BF16_DECODE_KEYS_FROM.)
+# decoding goes to the kernel with one query from 32 keys with or without groups: BF16_DECODE_KEYS_FROM.)
 GQA_FP32_DECODE_FROM = {"group": 4, "head_dim": 128, "keys": 1024}
 # Plain fp32 below 512^2 scores on the Zen 4's tiles: the kernel from this many scores, by (causal, with gradients),
 # where the queries and the keys both number at least FP32_SMALL_MIN (fewer query rows run on the BLAS path, whose
 # decoding measured 0.89-1.00x SDPA): ZEN4_MEASURED["fp32 small"]. Causal: 128^2 until the row bounds (issue #27's
 # "row bounds"), which skip the diagonal's empty half: since, 80^2 with gradients, 88^2 forward (below, at n = 64, the
-# kernel measured 0.77-0.87x torch SDPA; at 80 forward a tie, 0.90-1.28x in six runs). Without a mask, forward: 384^2
-# until n = 288-352 were measured (1.05-1.34x torch SDPA in three runs; 256 a tie, 0.98-1.10x).
-FP32_SMALL_FROM = {(False, False): 288 * 288, (False, True): 256 * 256, (True, False): 88 * 88,
+# kernel measured 0.77-0.87x torch SDPA; at 80 forward a tie, 0.90-1.28x in six runs). Without a mask, forward: 128^2
+# since attention's small-request shortcut calls the kernel (docs/benchmarks.md, "Issue #27: fp32 forward through the
+# shortcut"); 288^2 until then, 384^2 until n = 288-352 were measured (1.05-1.34x torch SDPA in three runs).
+FP32_SMALL_FROM = {(False, False): 128 * 128, (False, True): 256 * 256, (True, False): 88 * 88,
                    (True, True): 80 * 80}
 FP32_SMALL_MIN = 64
+# ... and a forward without a mask with fewer queries than FP32_SMALL_MIN: the kernel from (this many queries, this
+# many keys), called by the shortcut (ZEN4_MEASURED["fp32 few queries"]; SDPA with 4-8 queries, a tie or faster).
+FP32_FEW_QUERIES_FROM = (16, 1024)
 #: the figures and thresholds of the classes measured off AMX, by class (avx512 runs the avx512_bf16 code, other the
 #: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel; none of them has a fast
 #: fp16 GEMM (AVX512-FP16)

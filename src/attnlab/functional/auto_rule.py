@@ -23,7 +23,7 @@ from .auto_figures import (
     AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
     AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
     BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_FWD_FROM, FP16_TRAIN_FROM,
-    FP32_SMALL_FROM, FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
+    FP32_FEW_QUERIES_FROM, FP32_SMALL_FROM, FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
     MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_CAUSAL_FWD_SCORES, SMALL_PROBLEM,
     SMALL_TRAIN_FROM, SPARSE_FROM,
     TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
@@ -42,7 +42,7 @@ from .registry import Backend, all_backends
 from .request import AttentionRequest
 
 __all__ = ["pick", "candidates", "rule_source", "skippable", "no_bf16_gemm", "half_kernel", "fp32_small_kernel",
-           "gqa_decode_kernel", "SMALL_PROBLEM", "FP32_SMALL_MIN"]
+           "gqa_decode_kernel", "SMALL_PROBLEM", "FP32_KERNEL_MIN"]
 
 
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -104,17 +104,23 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     return figures["bf16 small forward" if not small else "small causal forward" if causal else "bf16 decode"]
 
 
+#: the fewest (queries, keys) that any of ``fp32_small_kernel``'s rules takes (the shortcut's gate)
+FP32_KERNEL_MIN = (FP32_FEW_QUERIES_FROM[0], min(FP32_SMALL_MIN, FP32_FEW_QUERIES_FROM[1]))
+
+
 def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
     """Why the compiled kernel beats SDPA on a plain fp32 request of L queries over S keys below SMALL_PROBLEM scores
     (no mask, or causal with L == S), or None: on the AVX-512 tiles off AMX (measured on the Zen 4) from
-    FP32_SMALL_FROM scores where queries and keys both number at least FP32_SMALL_MIN. ``attention``'s
-    small-request shortcut asks it too. (Above SMALL_PROBLEM: ``_plain_native``'s tiles rule.)"""
+    FP32_SMALL_FROM scores where queries and keys both number at least FP32_SMALL_MIN, and a forward without a mask with
+    fewer queries from FP32_FEW_QUERIES_FROM. ``attention``'s small-request shortcut asks it too. (Above
+    SMALL_PROBLEM: ``_plain_native``'s tiles rule.)"""
     LS = L * S
-    if min(L, S) < FP32_SMALL_MIN or LS > SMALL_PROBLEM or LS < FP32_SMALL_FROM[(causal, needs_grad)]:
+    square = min(L, S) >= FP32_SMALL_MIN and LS >= FP32_SMALL_FROM[(causal, needs_grad)]
+    few = (not causal and not needs_grad and FP32_FEW_QUERIES_FROM[0] <= L < FP32_SMALL_MIN
+           and S >= FP32_FEW_QUERIES_FROM[1])
+    if not (square or few) or LS > SMALL_PROBLEM or _off_amx() != "avx512_bf16" or not on_tiles(D, Dv):
         return None
-    if _off_amx() != "avx512_bf16" or not on_tiles(D, Dv):
-        return None
-    return FIGURES["avx512_bf16"]["fp32 small"]
+    return FIGURES["avx512_bf16"]["fp32 small" if square else "fp32 few queries"]
 
 
 def gqa_decode_kernel(dtype: torch.dtype, L: int, S: int, H: int, Hkv: int, D: int, Dv: int,
