@@ -116,8 +116,8 @@ AVX2_TRAIN_FROM = 2048 * 2048
 AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
 # ... by measured class, as (from this many scores, or without a mask from this many keys): on the Zen 4, where
 # attention's small-request shortcut calls the kernel, from 16 keys without a mask whatever the queries, and causal
-# from n = 48 (at 16-32 SDPA's causal kernel ties or wins: 0.63-0.96x) (ZEN4_MEASURED["fp16 forward"]; the Zen 3's
-# thresholds until then: docs/benchmarks.md, "Issue #27: auto's shortcut to the kernel").
+# from n = 48 (at 16-32 with the kernel auto measured 0.63-0.96x torch SDPA, on SDPA 0.78-0.89x) (ZEN4_MEASURED["fp16
+# forward"]; the Zen 3's thresholds until then: docs/benchmarks.md, "Issue #27: auto's shortcut to the kernel").
 FP16_FWD_FROM = {"avx2": (AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM), "avx512_bf16": (48 * 48, 16)}
 
 
@@ -224,8 +224,8 @@ ZEN4_MEASURED = {
                            "compiled kernel, called by attention's small-request shortcut, measured 1.30-1.69x the "
                            "SDPA call auto made before at n = 48 without a mask and 1.11-1.72x causal, 0.98-1.36x at "
                            "32 without a mask (0.66-0.81x torch SDPA's time at 16, a tie with that SDPA call), and "
-                           "1.26-2.09x torch SDPA at n = 64-128, D = 64; 1.5-3.1x with H = 32 and D = 128 at n = "
-                           f"16-128 ({ZEN4})"),
+                           "1.26-2.09x torch SDPA at n = 64-128, D = 64; auto on it 1.12-2.07x torch SDPA without a "
+                           f"mask at n = 16-128 with H = 32 and D = 128 ({ZEN4})"),
     "small causal forward": ("a small bf16 or fp16 causal forward with many heads (B * H * L * S >= 96^2 scores): "
                              "the compiled kernel, called by attention's small-request shortcut, measured 1.4-2.1x "
                              "the SDPA call auto made before with H = 16-32 at n = 24-40 and H = 8, D = 128 at 40 "
@@ -287,10 +287,10 @@ ZEN4_MEASURED = {
 FP16_TRAIN_FROM = {"avx2": 0, "avx512_bf16": 32 * 32}
 # bf16 forward without a mask (False) or causal (True) below 512^2 scores on the Zen 4: the kernel where both the
 # queries and the keys number at least this many (ZEN4_MEASURED["bf16 small forward"]): without a mask from 16, causal
-# from 48 (below, SDPA's causal kernel is faster: the kernel 0.84-0.91x its time at n = 16-32). 64 with or without
-# a mask until attention's small-request shortcut called the kernel directly (docs/benchmarks.md, "Issue #27: auto's
-# shortcut to the kernel"), 96 without a mask until the kernel's bf16 tile buffers were zeroed by one memset ("Issue
-# #27: bf16 scratch buffers").
+# from 48 (below, SDPA's causal kernel is faster: the kernel by name 0.50-0.66x and 0.73-1.03x torch SDPA's speed at
+# n = 16 and 32, auto on SDPA 0.73-0.86x; B=1 H=8 D=64). 64 with or without a mask until attention's small-request
+# shortcut called the kernel directly (docs/benchmarks.md, "Issue #27: auto's shortcut to the kernel"), 96 without a
+# mask until the kernel's bf16 tile buffers were zeroed by one memset ("Issue #27: bf16 scratch buffers").
 BF16_SMALL_FWD_FROM = {False: 16, True: 48}
 # A causal forward below those (bf16) or below 48^2 scores (fp16, FP16_FWD_FROM) goes to the kernel where it has many
 # heads: from this many scores over all the query heads, B * H * L * S, by measured class (ZEN4_MEASURED["small causal
