@@ -209,8 +209,8 @@ ZEN4_MEASURED = {
                      "n = 96-512 and 1.7-2.2x at n = 1024-4096, and 2.1-5.0x with 1 or 16 queries over 256-4096 "
                      "keys without a mask; called by attention's small-request shortcut, 1.28-4.49x the sdpa "
                      "backend's with 1-32 queries over 16-255 keys without a mask (the SDPA call auto made before: "
-                     "1.02-1.24x) and 0.83-1.07x torch SDPA's at n = 16-32 (that SDPA call: 0.77-0.89x), D = 64 "
-                     f"({ZEN4})"),
+                     "1.02-1.24x) and 0.82-1.07x torch SDPA's at n = 16-32 in two runs, 0.58-0.82x in a slow "
+                     f"third (the SDPA call auto made before: 0.77-0.89x), D = 64 ({ZEN4})"),
     "fp16 masked": ("measured 2.2-2.4x torch SDPA's fp16 forward (given the dense mask) with key padding and "
                     "5.0-19x with a W = 256 window at n = 1024-4096, 11-88x their forward+backward, and 2.1-2.9x "
                     f"with a random half or eighth of the pairs given densely at n = 1024-2048, D = 64 ({ZEN4})"),
