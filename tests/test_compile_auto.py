@@ -109,7 +109,8 @@ def test_auto_compiles_as_one_graph_and_chooses_as_eager(cls, case, dynamic, rec
 #: plain requests below SMALL_PROBLEM scores, which ``attention``'s small-request shortcut decides from q.shape:
 #: (dtype, L, S, causal)
 SHORTCUT = [(torch.bfloat16, 1, 512, False), (torch.bfloat16, 2, 1024, False), (torch.bfloat16, 96, 96, False),
-            (torch.float16, 1, 512, False), (torch.float32, 128, 128, True), (torch.float32, 300, 300, False)]
+            (torch.float16, 1, 512, False), (torch.float32, 128, 128, True), (torch.float32, 300, 300, False),
+            (torch.float32, 16, 1024, False), (torch.float16, 16, 32, False), (torch.bfloat16, 16, 16, False)]
 
 
 @pytest.mark.parametrize("dtype, L, S, causal", SHORTCUT, ids=str)
