@@ -323,11 +323,11 @@ class BackwardHead {
   const int64_t S16_, half_, BQe_, lds_;           // BQe_: AMX's query rows rounded up to pairs
   const acc_t scale_;
   std::vector<acc_t> s_, dp_;                      // (rows, BK) P and dP -> dS (row stride lds_)
-  std::vector<acc_t> th_;                          // (BQ, BK) tanh of the softcap
-  std::vector<acc_t> pd_;                          // (BQ, BK) P with dropout
-  Zeroed<scalar_t> conv_;                          // a (BQ, BK) buffer rounded for a GEMM
-  std::vector<acc_t> dq_;                          // (BQ, D) this tile's dQ
-  Zeroed<scalar_t> dout_t_;                        // (BQ, Dv) dO rows, contiguous
+  std::vector<acc_t> th_;                          // (rows, BK) tanh of the softcap
+  std::vector<acc_t> pd_;                          // (rows, BK) P with dropout
+  Zeroed<scalar_t> conv_;                          // a (rows, BK) buffer rounded for a GEMM
+  std::vector<acc_t> dq_;                          // (rows, D) this tile's dQ
+  Zeroed<scalar_t> dout_t_;                        // (rows, Dv) dO rows, contiguous
   RowPlan rp_;
   bool nan_rows_ = false;                          // this chunk has a row whose lse is NaN (probabilities)
   std::vector<uint32_t> opair_, qpair_, ppair_, dspair_;   // bfloat16 tiles: dO, Q, P, dS as pairs of rows
