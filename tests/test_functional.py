@@ -380,8 +380,8 @@ def test_fp16_without_avx512_goes_to_the_compiled_kernel_where_it_measured_faste
     """fp16 on the Zen 3: the kernel (fp16 computed as fp32) with gradients at every size, forward from n = 48,
     SDPA below; and with a dense mask however few of its tiles are empty (2.3-2.4x with a random half of the
     pairs, since the kernel masks a word at a time; 0.85-0.94x before)."""
-    from attnlab.functional.auto_figures import AVX2_FP16_FROM
-    assert AVX2_FP16_FROM == 48 * 48
+    from attnlab.functional.auto_figures import FP16_FWD_FROM
+    assert FP16_FWD_FROM["avx2"][0] == 48 * 48
     x = torch.empty(1, 8, 32, 64, dtype=torch.float16)
     assert al.explain(x, x, x).split("\n")[1].startswith("auto -> sdpa")
     assert al.explain(x.requires_grad_(), x, x).split("\n")[1].startswith("auto -> native: fp16 with gradients")

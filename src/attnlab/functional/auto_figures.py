@@ -107,18 +107,17 @@ NO_BF16_GEMM = ("avx2", "other")
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
 AVX2_TRAIN_FROM = 2048 * 2048
-# fp16 on a CPU without AVX-512: torch's fp16 GEMM is a scalar fallback too (1.3 GFLOP/s on the Zen 3), SDPA's
+# Plain fp16 inference goes to the kernel by measured class, as (from this many scores, or without a mask from this
+# many keys). On a CPU without AVX-512 torch's fp16 GEMM is a scalar fallback too (1.3 GFLOP/s on the Zen 3), SDPA's
 # fp16 forward ran at half its fp32 speed there, and the compiled kernel computes fp16 as fp32 (csrc/bindings.cpp,
-# `computed`): the kernel for a plain request from n = 48 (AVX2_FP16_FROM; n = 96 until the kernel was called
-# directly, backends/native_ops.py's _direct) and from 256 keys whatever the queries (AVX2_FP16_KEYS_FROM: SDPA's fp16
-# cost grows with the keys, 0.97 ms for 1 query over 1024), and with gradients at every size (AVX2_MEASURED below;
-# docs/benchmarks.md, "Issue #27: float16 in the compiled kernel" and "Issue #27: small requests").
-AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM = 48 * 48, 256
-# ... by measured class, as (from this many scores, or without a mask from this many keys): on the Zen 4, where
-# attention's small-request shortcut calls the kernel, from 16 keys without a mask whatever the queries, and causal
-# from n = 48 (at 16-32 with the kernel auto measured 0.63-0.96x torch SDPA, on SDPA 0.78-0.89x) (ZEN4_MEASURED["fp16
-# forward"]; the Zen 3's thresholds until then: docs/benchmarks.md, "Issue #27: auto's shortcut to the kernel").
-FP16_FWD_FROM = {"avx2": (AVX2_FP16_FROM, AVX2_FP16_KEYS_FROM), "avx512_bf16": (48 * 48, 16)}
+# `computed`): the Zen 3's class from n = 48 (n = 96 until the kernel was called directly, backends/native_ops.py's
+# _direct) and from 256 keys whatever the queries (SDPA's fp16 cost grows with the keys, 0.97 ms for 1 query over
+# 1024), and with gradients at every size (AVX2_MEASURED below; docs/benchmarks.md, "Issue #27: float16 in the
+# compiled kernel" and "Issue #27: small requests"). On the Zen 4, where attention's small-request shortcut calls the
+# kernel, from 16 keys without a mask whatever the queries, and causal from n = 48 (at 16-32 with the kernel auto
+# measured 0.63-0.96x torch SDPA, on SDPA 0.78-0.89x) (ZEN4_MEASURED["fp16 forward"]; the Zen 3's thresholds until
+# then: docs/benchmarks.md, "Issue #27: auto's shortcut to the kernel").
+FP16_FWD_FROM = {"avx2": (48 * 48, 256), "avx512_bf16": (48 * 48, 16)}
 
 
 # Below SMALL_PROBLEM, with a structured mask or bias, the compiled kernel called directly (backends/native_ops.py,
