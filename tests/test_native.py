@@ -12,6 +12,7 @@ from attnlab.functional.backends import native
 from attnlab.functional.backends.native import mask_args, native_attention, native_forward, pack_bits
 from attnlab.functional.backends.reference import reference_attention
 from attnlab.positional import ALiBi, ShawRelative, T5Bias
+from attnlab.positional.alibi import AlibiBias
 from helpers import check_dropout_equals_reference
 
 small = partial(native_attention, tile_q=4, tile_k=8)     # tiny tiles: every row kind and chunk edge
@@ -27,6 +28,27 @@ def test_the_kernel_is_built_here():
     assert native.why_unavailable() is None, native.why_unavailable()
     assert "native" in al.available_backends()
     assert "at::vec" in native.info()
+
+
+def test_far_weights_flush_inside_the_kernel_and_the_caller_keeps_its_subnormals():
+    """The kernel's threads flush subnormal results to zero while they work (csrc/native.h, FlushSubnormals: on the
+    Xeon with AMX each one cost a microcode assist) and restore the float state after: the calling thread, which
+    runs a share of the region, still makes subnormals afterwards. ALiBi's far keys, whose weights fall below 2^-126,
+    still give the fp64 reference's output within fp32's rounding, forward and backward."""
+    tiny = torch.tensor([1.0e-20]) * torch.tensor([1.0e-20])
+    assert 0.0 < tiny.item() < torch.finfo(torch.float32).tiny                  # a subnormal, before
+    q, k, v = leaves((1, 4, 300, 16), (1, 4, 300, 16), (1, 4, 300, 16), dtype=torch.float32, seed=3)
+    bias = AlibiBias(torch.tensor([0.5, 1.0, 2.0, 0.25]))          # weights below 2^-126 from 44-350 keys away
+    out = native_attention(q, k, v, mask=masks.causal(), bias=bias, scale=0.25)
+    assert (torch.tensor([1.0e-20]) * torch.tensor([1.0e-20])).item() == tiny.item()   # and after
+    out.square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = reference_attention(q64, k64, v64, mask=masks.causal(), bias=bias, scale=0.25)
+    want.square().sum().backward()
+    torch.testing.assert_close(out.double(), want, atol=2e-6, rtol=2e-6)
+    for g, t in zip(grads, (q64, k64, v64)):
+        torch.testing.assert_close(g.double(), t.grad, atol=2e-5, rtol=2e-5)
 
 
 ALL_MASKS = {

@@ -347,6 +347,7 @@ void backward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const Back
   const bool amx = io.pk != nullptr && io.pk->amx;
   at::parallel_for(0, pb.B * pb.H, 1, [&](int64_t begin, int64_t end) {
     const OneBlasThread one_blas_thread;                 // same sums at any thread count
+    const FlushSubnormals flush_subnormals;              // no microcode assists (native.h)
     const AmxRelease amx_release(amx);
     BackwardHead<scalar_t> head(pb, io);
     for (int64_t bh = begin; bh < end; ++bh) head.run(bh);

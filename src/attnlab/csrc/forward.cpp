@@ -271,6 +271,7 @@ void forward_kernel(const Problem<typename Acc<scalar_t>::type>& pb, const Forwa
   const bool amx = io.pk != nullptr && io.pk->amx;
   at::parallel_for(0, pb.B * pb.H * pb.n_qtiles(), 1, [&](int64_t begin, int64_t end) {
     const OneBlasThread one_blas_thread;                 // same sums at any thread count
+    const FlushSubnormals flush_subnormals;              // no microcode assists (native.h)
     const AmxRelease amx_release(amx);
     ForwardTiles<scalar_t> tiles(pb, io);
     for (int64_t unit = begin; unit < end; ++unit) tiles.run(unit);

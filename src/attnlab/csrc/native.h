@@ -34,6 +34,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "microkernel.h"
 #include "vecmath.h"
 
@@ -92,6 +96,26 @@ class OneBlasThread {
 
  private:
   int previous_ = 0;
+};
+
+// While alive, this thread's float arithmetic flushes subnormal results to zero (MXCSR's FTZ bit; the old state comes
+// back after). On the Xeon with AMX every vector product or multiply that made a subnormal took a microcode assist,
+// and attention makes them wherever weights fall far below a row's max: ALiBi's far keys, a rescaled accumulator,
+// products of tiny weights with values below 1 (fp32 forward with ALiBi + causal at n = 4096 took six times the
+// causal forward's time; docs/benchmarks.md, "Issue #27: float16 on the Xeon with AMX, and subnormal weights"). A
+// weight below 2^-126 beside a row's largest, 1, lies far below fp32's rounding of their sum; AMX's bf16 products
+// flush them anyway. Subnormal inputs are still read as they are (no DAZ). A no-op off x86.
+class FlushSubnormals {
+ public:
+#if defined(__SSE__) || defined(__x86_64__)
+  FlushSubnormals() : previous_(_mm_getcsr()) { _mm_setcsr(previous_ | _MM_FLUSH_ZERO_ON); }
+  ~FlushSubnormals() { _mm_setcsr(previous_); }
+#endif
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  unsigned int previous_ = 0;
 };
 
 template <typename T> struct Acc { using type = T; };

@@ -34,23 +34,26 @@ inline at::vec::Vectorized<float> exp2_fraction(const at::vec::Vectorized<float>
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// AVX-512: x clamped at -160, where 2^x is 0 in float (a -inf score weighs exactly 0); vscalefps applies 2^n,
-// subnormal results and inf (x >= 128) included.
+// AVX-512: vscalefps applies 2^n (inf from x >= 128); below x = -126 the result is 0 (a -inf score weighs exactly
+// 0), as in the AVX2 build: no subnormal results (a probability below 2^-126 next to a row sum >= 1), which cost a
+// microcode assist in every product that reads them on the Xeon with AMX (native.h, FlushSubnormals). x is clamped
+// at -160 first, so that the polynomial never sees a huge |f|. A NaN compares unordered: it stays NaN.
 inline __m512 exp2_clamped(__m512 x) {
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
   x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_scalef_ps(exp2_fraction(_mm512_sub_ps(x, n)), n);
+  return _mm512_maskz_scalef_ps(normal, exp2_fraction(_mm512_sub_ps(x, n)), n);
 }
 #elif defined(CPU_CAPABILITY_AVX2)
-// AVX2 (no vscalefps): 2^n built in the exponent bits, (n + 127) << 23, with x clamped to [-127, 128]: n = -127
-// gives the bits of +0, so 2^x is 0 below 2^-126.5 (-inf included; no subnormal results: a probability below
-// 1e-38 next to a row sum >= 1), and n = 128 gives inf. A NaN's n converts to INT_MIN, whose bits make 1.0f
-// times a NaN polynomial: NaN.
+// AVX2 (no vscalefps): 2^n built in the exponent bits, (n + 127) << 23, with x clamped to [-127, 128] (n = 128
+// gives inf), and 0 below x = -126 as on AVX-512 (-inf included; no subnormal results). A NaN's n converts to
+// INT_MIN, whose bits make 1.0f times a NaN polynomial: NaN, kept by the unordered compare.
 inline __m256 exp2_clamped(__m256 x) {
+  const __m256 normal = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);
   x = _mm256_min_ps(_mm256_set1_ps(128.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(exp2_fraction(_mm256_sub_ps(x, n)), _mm256_castsi256_ps(bits));
+  return _mm256_and_ps(normal, _mm256_mul_ps(exp2_fraction(_mm256_sub_ps(x, n)), _mm256_castsi256_ps(bits)));
 }
 #endif
 
