@@ -89,13 +89,16 @@ OTHERS = {
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("cls", ["avx2", "avx512_bf16", "amx"])
-def test_half_precision_training_off_amx_takes_the_full_path(cls, dtype, monkeypatch, tiles):
-    """Off AMX auto sends bf16 and fp16 with gradients to the compiled kernel where it measured faster: without
-    AVX-512 at every size (bf16 once went to SDPA at n = 64-512, 1.2-8.3x slower); on the Zen 4 fp16 from 32^2 scores
-    (FP16_TRAIN_FROM) and bf16 below 512^2 on the tiles. The shortcut must not send those to SDPA; on AMX it does."""
+def test_half_precision_training_takes_the_full_path_where_the_kernel_wins(cls, dtype, monkeypatch, tiles):
+    """auto sends bf16 and fp16 with gradients to the compiled kernel where it measured faster: without AVX-512 at
+    every size (bf16 once went to SDPA at n = 64-512, 1.2-8.3x slower); on the Zen 4 fp16 from 32^2 scores
+    (FP16_TRAIN_FROM) and bf16 below 512^2 on the tiles; on AMX fp16 at every size (``amx_fp16``: torch's AVX512-FP16
+    GEMM against the kernel's fp32 tiles), bf16 not below 512^2. The shortcut must not send those to SDPA."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
-    for n, D, kernel in ((32, 16, cls != "amx"), (16, 16, cls == "avx2" or (cls != "amx" and dtype == torch.bfloat16)),
-                         (32, 8, cls == "avx2" or (cls != "amx" and dtype == torch.float16))):   # D = 8: off the tiles
+    amx16 = cls == "amx" and dtype == torch.float16
+    for n, D, kernel in ((32, 16, cls != "amx" or amx16),
+                         (16, 16, cls == "avx2" or (cls != "amx" and dtype == torch.bfloat16) or amx16),
+                         (32, 8, cls == "avx2" or dtype == torch.float16)):   # D = 8: off the tiles
         q, k, v = qkv(L=n, S=n, D=D, dtype=dtype)
         q.requires_grad_()
         assert routed(q, k, v, True) == ("native" if kernel else "sdpa"), (n, D)
@@ -108,21 +111,49 @@ def test_half_precision_training_off_amx_takes_the_full_path(cls, dtype, monkeyp
 def test_fp16_inference_goes_to_the_kernel_where_its_class_measured_it_faster(cls, monkeypatch):
     """fp16 inference off AMX (no fast fp16 GEMM: the Zen 3 and the Zen 4) goes to the compiled kernel by its class's
     FP16_FWD_FROM: on the Zen 3 from n = 48 or 256 keys, on the Zen 4 from n = 48 or, without a mask, 16 keys; to SDPA
-    below; on AMX to SDPA at every size the shortcut covers (not measured there). The shortcut calls what auto picks."""
+    below; on AMX causal from 256^2 scores (AMX_FP16_CAUSAL_FROM), and without a mask to SDPA at every size the shortcut
+    covers (AMX_FP16_PLAIN_FROM is larger). The shortcut calls what auto picks."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
     assert auto_rule.FP16_FWD_FROM == {"avx2": (48 * 48, 256), "avx512_bf16": (48 * 48, 16)}
+    assert auto_rule.AMX_FP16_CAUSAL_FROM == 256 * 256 and auto_rule.AMX_FP16_PLAIN_FROM == (4096 * 4096, 1024)
     zen4 = cls == "avx512_bf16"
-    for L, S, kernel in ((32, 32, zen4), (47, 47, zen4), (48, 48, True), (128, 128, True), (512, 512, True),
+    for L, S, kernel in ((32, 32, zen4), (47, 47, zen4), (48, 48, True), (128, 128, True), (255, 255, True),
+                         (256, 256, True), (512, 512, True),
                          (1, 64, zen4), (16, 64, zen4), (1, 255, zen4), (1, 256, True), (4, 4096, True),
                          (1, 16, zen4), (1, 15, False), (47, 15, False), (16, 16, zen4)):
         for causal in (False, True):
             if causal and L != S:
                 continue
             q, k, v = qkv(B=1, L=L, S=S, dtype=torch.float16)     # 3 heads: causal below 96^2 scores over them
-            want = kernel and cls != "amx" and not (causal and L * S < 48 * 48)
+            want = (causal and L * S >= 256 * 256) if cls == "amx" else kernel and not (causal and L * S < 48 * 48)
             picked = auto_rule.pick(make_request(q, k, v, causal=causal))[0]
             assert picked == ("native" if want else "sdpa"), (L, S, causal, picked)
             assert routed(q, k, v, causal) == picked, (L, S, causal)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_fp16_on_amx_takes_the_kernel_from_its_crossover(monkeypatch, grad):
+    """Plain fp16 on a CPU with AMX, where torch's fp16 GEMM is AVX512-FP16 and the kernel computes fp16 as fp32: the
+    kernel with gradients at every size; forward causal from 256^2 scores, without a mask from 4096^2 scores with at
+    least 1024 queries (fewer: the kernel's conversion of K and V costs more than the products). Where SDPA is picked
+    the reason quotes the fp16 figures measured on AMX; a mask with gradients goes to the kernel too."""
+    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "amx")
+    for L, S, causal, kernel in ((4096, 4096, False, True), (4095, 4096, False, False), (1024, 16384, False, True),
+                                 (1023, 32768, False, False), (2048, 2048, False, False), (64, 16384, False, False),
+                                 (1, 4096, False, False), (256, 256, True, True), (255, 255, True, False),
+                                 (4096, 4096, True, True), (16, 16, True, False)):
+        q, k, v = qkv(B=1, H=1, Hkv=1, L=L, S=S, dtype=torch.float16)
+        q.requires_grad_(grad)
+        want = "native" if kernel or grad else "sdpa"
+        name, why = auto_rule.pick(make_request(q, k, v, causal=causal))
+        assert name == want, (L, S, causal, name, why)
+        assert "fp16" in why and "AMX" in why, why
+        if L * S <= auto_rule.SMALL_PROBLEM:
+            assert routed(q, k, v, causal) == want, (L, S, causal)
+    q, k, v = qkv(B=1, H=1, Hkv=1, L=64, S=64, dtype=torch.float16)
+    q.requires_grad_(grad)
+    name, why = auto_rule.pick(make_request(q, k, v, mask=al.masks.padding([40])))
+    assert name == ("native" if grad else "sdpa"), (name, why)
 
 
 def test_small_bf16_inference_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles):

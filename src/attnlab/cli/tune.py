@@ -39,10 +39,10 @@ def add_tune(sub) -> None:
     p.add_argument("--n", type=_positive_int, nargs="+", help="sequence lengths of the plain sweep "
                    "(default 1024 4096)")
     p.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16", "float16"],
-                   help="default: float32 bfloat16. float16 on request: the Zen 3 is the one CPU class where fp16 was "
-                        "measured (its built-in rule decides fp16 training there); elsewhere auto keeps plain fp16 on "
-                        "SDPA until a tune measures it. Without AVX-512 SDPA's fp16 training takes seconds a step "
-                        "at n = 4096")
+                   help="default: float32 bfloat16. float16 on request: every CPU class has built-in fp16 rules "
+                        "(measured on the AMD Zen 3 and Zen 4 and the Xeon with AMX), and the built-in rule decides "
+                        "fp16 training whatever a tune measured. Without AVX-512 SDPA's fp16 training takes seconds "
+                        "a step at n = 4096")
     p.add_argument("--head-dim", type=_positive_int, default=64, help="D of every case (default 64)")
     p.add_argument("--repeats", type=_positive_int, help="timed runs per contestant, rounded up to even: every other "
                    "round runs the contestants in reverse order (default: adaptive, 4-10)")

@@ -76,6 +76,24 @@ AMX_MEASURED = {
     "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
                    "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
                    f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
+    "fp16 training": ("fp16 with gradients on a CPU with AMX (and AVX512-FP16), without a mask or causal: the "
+                      "compiled kernel, which computes fp16 as fp32, measured 1.00-2.14x torch SDPA's "
+                      "forward+backward at n = 16-8192 (D = 64; 1.07-1.59x at D = 128, n = 256-4096) "
+                      f"({XEON_AMX})"),
+    "fp16 forward": ("fp16 forward on a CPU with AMX (and AVX512-FP16): the compiled kernel, which computes fp16 as "
+                     "fp32, measured 1.12-1.58x torch SDPA's causal forward at n = 256-8192, 1.09-1.10x its forward "
+                     "without a mask at n = 4096-8192 and 1.02x the sdpa backend's with 1024 queries over 16384 keys "
+                     "(D = 64; at D = 128 1.00-1.18x causal at n = 256-4096, 1.08x without a mask at 4096) "
+                     f"({XEON_AMX})"),
+    "fp16 masked": ("fp16 on a CPU with AMX (and AVX512-FP16): the compiled kernel, which computes fp16 as fp32, "
+                    "measured 1.33-1.46x torch SDPA's forward (given the dense mask or bias) with key padding, "
+                    "3.3-11.5x with a W = 256 window, 4.9-7.9x with 8 documents and 1.9-2.3x with ALiBi + causal "
+                    f"at n = 1024 and 4096, and 1.5-11.7x its forward+backward ({XEON_AMX})"),
+    "fp16 forward to sdpa": ("fp16 forward on a CPU with AMX (and AVX512-FP16): the compiled kernel, which computes "
+                             "fp16 as fp32, measured 0.75-0.98x torch SDPA's forward without a mask at n = 128-1024 "
+                             "and 1.04x at 2048, 0.90-0.98x causal at n = 128-192, and 0.35-0.76x the sdpa "
+                             "backend's with 1-64 queries over 1024-16384 keys, where it converts all of K and V to "
+                             f"fp32 on each call ({XEON_AMX})"),
     "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
                      f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
     "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
@@ -101,8 +119,16 @@ ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
 # fp16: torch's fp16 GEMM needs AVX512-FP16 (oneDNN), which the Zen 4 lacks as the Zen 3 does: 1.0-3.2 GFLOP/s at
 # 256^3-1024^3 on the Zen 4, where its bf16 GEMM ran at 358-427 (5 Dec 2026). So every class off AMX has no fast
-# fp16 GEMM (MEASURED_OFF_AMX below). The Xeon with AMX has AVX512-FP16 (issue #27's /proc/cpuinfo) and was not
-# measured in fp16: its class keeps SDPA's rules there.
+# fp16 GEMM (MEASURED_OFF_AMX below). The Xeon with AMX has AVX512-FP16 (no AMX-FP16): torch's fp16 GEMM runs on
+# oneDNN's AVX512-FP16 there (the bench's peak read 372 GFLOP/s, 6 Dec 2026) and SDPA's fp16 with it; the compiled
+# kernel computes fp16 as fp32 on its fp32 tiles. Measured there (docs/benchmarks.md, "Issue #27: float16 on the
+# Xeon with AMX, and subnormal weights"; AMX_MEASURED's fp16 figures, read through auto_rule.amx_fp16): the kernel
+# with gradients at every size, and forward with a causal mask from AMX_FP16_CAUSAL_FROM scores (0.90-0.98x at
+# n = 128-192); without a mask from AMX_FP16_PLAIN_FROM (scores, queries): below, a tie at n = 512-2048, and with
+# fewer queries SDPA (the kernel converts all of K and V to fp32 on each call, which costs more than a few queries'
+# products).
+AMX_FP16_CAUSAL_FROM = 256 * 256
+AMX_FP16_PLAIN_FROM = (4096 * 4096, 1024)
 
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_figures import (
-    AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, AVX2_CAUSAL_FWD_BELOW,
-    AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
+    AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_FP16_CAUSAL_FROM, AMX_FP16_PLAIN_FROM, AMX_MEASURED, AMX_PLAIN_FROM,
+    AVX2_CAUSAL_FWD_BELOW, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
     BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_FWD_FROM, FP16_TRAIN_FROM,
     FP32_FEW_QUERIES_FROM, FP32_SMALL_FROM, FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
     MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_CAUSAL_FWD_SCORES, SMALL_PROBLEM,
@@ -62,6 +62,18 @@ def fp16_forward_native(L: int, S: int, causal: bool, measured: str) -> bool:
     return L * S >= scores or (not causal and S >= keys)
 
 
+def amx_fp16(L: int, S: int, causal: bool, needs_grad: bool) -> Optional[str]:
+    """Why the compiled kernel (fp16 computed as fp32) beats SDPA (torch's AVX512-FP16 GEMM) on a plain fp16 request
+    of L queries over S keys on a CPU with AMX, or None: with gradients at every size; forward from
+    AMX_FP16_CAUSAL_FROM scores causal (L == S), without a mask from AMX_FP16_PLAIN_FROM's scores and queries."""
+    if needs_grad:
+        return AMX_MEASURED["fp16 training"]
+    scores, queries = AMX_FP16_PLAIN_FROM
+    if L * S >= AMX_FP16_CAUSAL_FROM if causal else (L * S >= scores and L >= queries):
+        return AMX_MEASURED["fp16 forward"]
+    return None
+
+
 def _off_amx() -> Optional[str]:
     """The measured class whose figures and thresholds hold on this CPU where auto sends masked and slow-GEMM
     requests to the compiled kernel ('avx2': the Zen 3's, 'avx512_bf16': the Zen 4's), None on a CPU with AMX."""
@@ -71,14 +83,16 @@ def _off_amx() -> Optional[str]:
 def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int,
                 heads: int = 1) -> Optional[str]:
     """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys in ``heads`` query heads
-    (B * H) on this CPU, or None: off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no
-    AVX512-FP16), bf16 on a CPU without AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles,
-    bf16's backward, its forward from BF16_SMALL_FWD_FROM queries and keys and, without a mask, its decoding over
-    BF16_DECODE_KEYS_FROM keys (by the number of queries); a small causal forward of either from SMALL_CAUSAL_FWD_SCORES
-    scores over all heads. With gradients the reason holds whatever the mask (``pick`` asks for a measured kind where
-    it is the small bf16 one); without, for a plain request (no mask, or causal with L == S). ``attention``'s
-    small-request shortcut asks it too."""
+    (B * H) on this CPU, or None: fp16 on AMX by ``amx_fp16``; off AMX where torch's GEMM of that dtype is slow --
+    fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM
+    scores on the AVX-512 tiles, bf16's backward, its forward from BF16_SMALL_FWD_FROM queries and keys and, without
+    a mask, its decoding over BF16_DECODE_KEYS_FROM keys (by the number of queries); a small causal forward of either
+    from SMALL_CAUSAL_FWD_SCORES scores over all heads. With gradients the reason holds whatever the mask (``pick``
+    asks for a measured kind where it is the small bf16 one); without, for a plain request (no mask, or causal with
+    L == S). ``attention``'s small-request shortcut asks it too."""
     measured = _off_amx()
+    if dtype == torch.float16 and cpu_class() == "amx":
+        return amx_fp16(L, S, causal, needs_grad)
     if measured is None or dtype not in (torch.bfloat16, torch.float16):
         return None
     figures, LS = FIGURES[measured], L * S
@@ -271,7 +285,7 @@ def _as_measured(dtype: torch.dtype, fp32_why: str) -> str:
 
 def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str:
     """What was measured of the compiled kernel against SDPA or FlexAttention with a mask or bias, on this CPU's
-    class and dtype (or, for fp16 off the one class where fp16 was measured, that class's figures, by name)."""
+    class and dtype."""
     fp16 = dtype == torch.float16
     if no_bf16_gemm():
         return AVX2_MEASURED["fp16 masked" if fp16 else "masked"]
@@ -279,8 +293,7 @@ def _masked_figures(dtype: torch.dtype, amx_kernel: bool, amx_bf16: bool) -> str
     if fp16 and measured:
         return FIGURES[measured]["fp16 masked"]
     if fp16:
-        return ("fp16 runs in the compiled kernel as fp32; fp16 was not measured on a CPU with AMX: "
-                + FIGURES["avx512_bf16"]["fp16 masked"])
+        return AMX_MEASURED["fp16 masked"]
     if amx_kernel:
         return (f"measured 4.4-10.6x the sdpa backend's bf16 forward with a W = 256 window and 3.7-8.3x with 8 "
                 f"documents at n = 1024, 4096 ({XEON_AMX})")
@@ -420,6 +433,8 @@ def _class_note(req: AttentionRequest) -> str:
         return ""
     if req.q.dtype == torch.bfloat16:
         return f"; {AMX_MEASURED['bf16 forward to sdpa' if _on_amx(req) else 'bf16 tiles']}"
+    if req.q.dtype == torch.float16 and not req.needs_grad:
+        return f"; {AMX_MEASURED['fp16 forward to sdpa']}"
     big = req.shape.L * req.shape.S > SMALL_PROBLEM
     if req.q.dtype == torch.float32 and big and _on_tiles(req):
         return f"; {AMX_MEASURED['fp32 forward']}"
