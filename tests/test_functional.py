@@ -230,8 +230,8 @@ def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel(z
 
 def test_on_a_cpu_with_amx_auto_sends_bf16_training_and_masks_to_the_amx_kernel(amx):
     """Both run bf16 on AMX there: the kernel's forward+backward, its masked forward (it skips the empty tiles)
-    and its forward from n = 1024 (causal) or 4096 (no mask) are the faster; below those the two tie and SDPA
-    is kept (docs/benchmarks.md)."""
+    and its forward above 512^2 scores (causal), from n = 768 without a mask with D = 64 and from 1536 with D = 128
+    (AMX_PLAIN_FROM) are the faster; below those the two tie and SDPA is kept (docs/benchmarks.md)."""
     from attnlab.functional.backends.native import on_tiles
     if not on_tiles(64, 64):
         pytest.skip("the compiled kernel's tiles are not built here")
@@ -243,16 +243,17 @@ def test_on_a_cpu_with_amx_auto_sends_bf16_training_and_masks_to_the_amx_kernel(
         assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
         wide = torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16)
         assert "auto -> native" in al.explain(wide, wide, wide, **kw)
-    small = q[:, :, :1024]
-    why = al.explain(small, small, small)
-    assert "auto -> sdpa" in why and "Intel Xeon with AMX" in why, why
-    assert "auto -> native" in al.explain(small, small, small, causal=True)              # causal from n = 1024
-    smaller = q[:, :, :768]
+    for n, D, plain in ((768, 64, True), (767, 64, False), (1535, 128, False), (1536, 128, True), (768, 32, True),
+                        (2048, 96, True), (1024, 96, False)):
+        x = torch.empty(1, 8, n, D, dtype=torch.bfloat16)
+        why = al.explain(x, x, x)
+        assert (f"auto -> {'native' if plain else 'sdpa'}" in why) and "Intel Xeon with AMX" in why, (n, D, why)
+    for n, D in ((513, 64), (768, 128)):                                  # causal above 512^2 scores, any head dim
+        x = torch.empty(1, 8, n, D, dtype=torch.bfloat16)
+        assert "auto -> native" in al.explain(x, x, x, causal=True), (n, D)
+    smaller = q[:, :, :512]
     why = al.explain(smaller, smaller, smaller, causal=True)
     assert "auto -> sdpa" in why and "Intel Xeon with AMX" in why, why
-    mid = q[:, :, :2048]
-    assert "auto -> native" in al.explain(mid, mid, mid, causal=True)
-    assert "auto -> sdpa" in al.explain(mid, mid, mid)
     for mask in (al.masks.padding(torch.tensor([3072])), al.masks.window(256, 0),
                  al.masks.documents(torch.arange(4096) // 512)):
         assert "auto -> native" in al.explain(q, q, q, mask=mask)

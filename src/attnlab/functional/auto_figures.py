@@ -51,7 +51,12 @@ TILES_MEASURED = {
 #   softmax's own exp (native.h exp2_clamped; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
 #   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 and 0.97-1.18x at 1024 (median 1.07x of the five
 #   grid and tune runs of 3 Dec 2026: the kernel from n = 1024, "Issue #27: auto on a noisy day"), and
-#   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128.
+#   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128. Measured
+#   again on 6 Dec 2026, after the kept packed K and V, the row bounds and the bf16 buffers' memset ("Issue #27:
+#   float16 on the Xeon with AMX, and subnormal weights", bf16's plain forward): causal 1.05-1.35x at n = 768-8192,
+#   D = 64 and 128 (so AMX_CAUSAL_FROM takes every causal forward above SMALL_PROBLEM); without a mask 1.07-1.29x
+#   at n = 768-8192 with D = 64 (0.95-0.97x at 512), and with D = 128 1.03-1.18x at n = 1536-8192 (0.93-1.01x at
+#   768-1024): AMX_PLAIN_FROM by head dim, larger heads than 64 by D = 128's (no other was measured).
 #   Its masked forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key
 #   padding that empties 3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9%
 #   on (`attnlab tune`, docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
@@ -60,19 +65,23 @@ TILES_MEASURED = {
 #   1.65-5.9x; 8 documents: 2.4-3.6x);
 # * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
 #   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
-AMX_TRAIN, AMX_CAUSAL_FWD, AMX_PLAIN_FWD = "1.24-1.81x", "1.00-1.24x", "1.00-1.26x"
-AMX_CAUSAL_FROM, AMX_PLAIN_FROM = 1024 * 1024, 4096 * 4096
+AMX_TRAIN = "1.24-1.81x"
+AMX_CAUSAL_FROM = 512 * 512
+# without a mask, by head dim: (at most this max(D, Dv), or None: any, from this many scores), first match
+AMX_PLAIN_FROM = ((64, 768 * 768), (None, 1536 * 1536))
 AMX_MEASURED = {
     "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_TRAIN} SDPA's forward+backward "
              f"without a mask or with a causal one, at n = 1024-8192, D = 64 and 128 ({XEON_AMX})"),
-    "bf16 forward": (f"bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured {AMX_CAUSAL_FWD} "
-                     "SDPA's with a causal mask at n = 2048-8192 (0.97-1.18x at n = 1024, median 1.07x of five "
-                     f"runs) and {AMX_PLAIN_FWD} without one at n = 4096-8192, D = 64 and 128 ({XEON_AMX})"),
+    "bf16 forward": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 1.05-1.35x SDPA's "
+                     "with a causal mask at n = 768-8192, D = 64 and 128, and without one 1.07-1.29x at n = 768-8192 "
+                     f"with D = 64 and 1.03-1.18x at n = 1536-8192 with D = 128 ({XEON_AMX})"),
     "bf16 masked": ("bf16 forward on a CPU with AMX, key padding at n = 2048: the compiled kernel's AMX build "
                     f"measured 1.15x SDPA's with its dense mask at 3% empty tiles, 1.25-2.2x from 9% ({XEON_AMX})"),
-    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.88-0.93x "
-                             "SDPA's without a mask at n = 1024 and 0.96-1.04x at n = 2048, D = 64 and 128; with a "
-                             f"causal mask below n = 1024 nothing was measured: SDPA ({XEON_AMX})"),
+    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.95-0.97x "
+                             "SDPA's without a mask at n = 512 with D = 64, and with D = 128 0.82-0.85x at n = 512 "
+                             "and 0.93-1.01x at 768-1024; at 512^2 scores and below "
+                             "the class keeps its small-problem rule, SDPA (the kernel measured 1.13-1.24x causal at "
+                             f"n = 512, not yet acted on) ({XEON_AMX})"),
     "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
                    "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
                    f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),

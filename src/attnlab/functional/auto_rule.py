@@ -369,7 +369,9 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
             return None
         if req.needs_grad:
             return AMX_MEASURED["bf16"]
-        return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else AMX_PLAIN_FROM) else None
+        head = max(req.shape.D, req.shape.Dv)
+        plain_from = next(scores for most, scores in AMX_PLAIN_FROM if most is None or head <= most)
+        return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else plain_from) else None
     tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and _on_tiles(req)
     if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
         return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
