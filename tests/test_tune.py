@@ -156,7 +156,7 @@ def test_save_refuses_what_it_could_not_read():
 def test_fp16_follows_a_profile_that_measured_it(cls, monkeypatch):
     """The profile decides plain fp16 inference where it measured it (at n = 1024 the built-in rule says SDPA on the
     Xeon with AMX, the kernel off AMX); the built-in rule keeps fp16 training, which the kernel wins on every class
-    (2-13x off AMX, 1.0-2.0x on AMX)."""
+    (2-13x off AMX, 1.0-2.1x on AMX)."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
     monkeypatch.setattr("attnlab.functional.auto_rule.on_tiles", lambda D, Dv: False)
     monkeypatch.setattr("attnlab.functional.auto_rule.on_amx", lambda D, Dv: False)
