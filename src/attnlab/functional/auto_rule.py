@@ -69,9 +69,14 @@ def amx_fp16(L: int, S: int, causal: bool, needs_grad: bool) -> Optional[str]:
     if needs_grad:
         return AMX_MEASURED["fp16 training"]
     scores, queries = AMX_FP16_PLAIN_FROM
-    if L * S >= AMX_FP16_CAUSAL_FROM if causal else (L * S >= scores and L >= queries):
-        return AMX_MEASURED["fp16 forward"]
-    return None
+    wins = L * S >= AMX_FP16_CAUSAL_FROM if causal else (L * S >= scores and L >= queries)
+    return AMX_MEASURED["fp16 forward"] if wins else None
+
+
+def _threshold(table: tuple, x: int) -> int:
+    """The threshold of ``table``'s first row ((at most this x, or None: any), threshold) that x falls in: the form of
+    BF16_DECODE_KEYS_FROM (by queries) and AMX_PLAIN_FROM (by head dim)."""
+    return next(threshold for most, threshold in table if most is None or x <= most)
 
 
 def _off_amx() -> Optional[str]:
@@ -91,9 +96,9 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     asks for a measured kind where it is the small bf16 one); without, for a plain request (no mask, or causal with
     L == S). ``attention``'s small-request shortcut asks it too."""
     measured = _off_amx()
-    if dtype == torch.float16 and cpu_class() == "amx":
-        return amx_fp16(L, S, causal, needs_grad)
-    if measured is None or dtype not in (torch.bfloat16, torch.float16):
+    if measured is None:                             # AMX: fp16 by its own rule, bf16 by _plain_native's
+        return amx_fp16(L, S, causal, needs_grad) if dtype == torch.float16 else None
+    if dtype not in (torch.bfloat16, torch.float16):
         return None
     figures, LS = FIGURES[measured], L * S
     many_causal = causal and not needs_grad and heads * LS >= SMALL_CAUSAL_FWD_SCORES.get(measured, math.inf)
@@ -109,7 +114,7 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
         return None
     small = not needs_grad and min(L, S) < BF16_SMALL_FWD_FROM[causal]
     if small and not many_causal and (
-            causal or S < next(keys for most, keys in BF16_DECODE_KEYS_FROM if most is None or L <= most)):
+            causal or S < _threshold(BF16_DECODE_KEYS_FROM, L)):
         return None                                  # before on_tiles: the shortcut's short decode steps
     if not on_tiles(D, Dv):
         return None
@@ -369,8 +374,7 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
             return None
         if req.needs_grad:
             return AMX_MEASURED["bf16"]
-        head = max(req.shape.D, req.shape.Dv)
-        plain_from = next(scores for most, scores in AMX_PLAIN_FROM if most is None or head <= most)
+        plain_from = _threshold(AMX_PLAIN_FROM, max(req.shape.D, req.shape.Dv))
         return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else plain_from) else None
     tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and _on_tiles(req)
     if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
