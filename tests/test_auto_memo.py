@@ -78,14 +78,12 @@ def test_requests_of_one_kind_share_a_decision_and_other_kinds_do_not():
     assert ask.calls == 5
 
 
-def test_a_dense_mask_edited_in_place_is_decided_again(monkeypatch):
-    """Skippable tiles come from the mask's values: a mask that changes in place must not keep its decision. On a
-    class whose rule weighs them (AMX; off AMX a dense mask goes to the kernel whatever its share)."""
-    monkeypatch.setattr(auto_rule, "cpu_class", lambda: "amx")
-    monkeypatch.setattr(auto_memo, "cpu_class", lambda: "amx")                        # the decisions' key
+def test_a_dense_mask_edited_in_place_is_decided_again():
+    """Skippable tiles come from the mask's values: a mask that changes in place must not keep its decision. With a
+    dense bias beside it the rule weighs them (a dense mask alone goes to the kernel whatever its share)."""
     q, k, v = _qkv(1024)
     mask = torch.ones(1024, 1024, dtype=torch.bool)
-    req = make_request(q, k, v, mask=mask)
+    req = make_request(q, k, v, mask=mask, bias=torch.zeros(1024, 1024))
     assert api.choose_backend(req, "auto").name == "sdpa"        # a full dense mask: SDPA applies it
     mask.zero_()
     mask[:, :64] = True                                            # now almost every tile is empty

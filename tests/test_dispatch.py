@@ -93,11 +93,13 @@ def test_half_precision_training_takes_the_full_path_where_the_kernel_wins(cls, 
     """auto sends bf16 and fp16 with gradients to the compiled kernel where it measured faster: without AVX-512 at
     every size (bf16 once went to SDPA at n = 64-512, 1.2-8.3x slower); on the Zen 4 fp16 from 32^2 scores
     (FP16_TRAIN_FROM) and bf16 below 512^2 on the tiles; on AMX fp16 at every size (``amx_fp16``: torch's AVX512-FP16
-    GEMM against the kernel's fp32 tiles), bf16 not below 512^2. The shortcut must not send those to SDPA."""
+    GEMM against the kernel's fp32 tiles), bf16 at every size on AMX's tiles (``amx_bf16``). The shortcut must not
+    send those to SDPA."""
     monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
+    monkeypatch.setattr(auto_rule, "on_amx", lambda D, Dv: D % 16 == 0 and Dv % 16 == 0)
     amx16 = cls == "amx" and dtype == torch.float16
-    for n, D, kernel in ((32, 16, cls != "amx" or amx16),
-                         (16, 16, cls == "avx2" or (cls != "amx" and dtype == torch.bfloat16) or amx16),
+    for n, D, kernel in ((32, 16, True),
+                         (16, 16, cls == "avx2" or dtype == torch.bfloat16 or amx16),
                          (32, 8, cls == "avx2" or dtype == torch.float16)):   # D = 8: off the tiles
         q, k, v = qkv(L=n, S=n, D=D, dtype=dtype)
         q.requires_grad_()
@@ -200,29 +202,34 @@ def test_a_small_causal_forward_with_many_heads_takes_the_kernel_on_the_zen4(cls
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_small_fp32_on_the_zen4_tiles_takes_the_kernel_from_its_crossover(monkeypatch, tiles, grad):
+def test_small_fp32_on_the_tiles_takes_the_kernel_from_its_classs_crossover(monkeypatch, tiles, grad):
     """Plain fp32 below 512^2 on the Zen 4's tiles: the kernel from FP32_SMALL_FROM scores (causal 80^2 with
     gradients, 88^2 forward; without a mask 128^2 forward, 256^2 with gradients) where queries and keys both number
     at least 64, and a forward without a mask with 16-63 queries from 1024 keys (FP32_FEW_QUERIES_FROM); SDPA below,
-    and on the Zen 3 (no tiles) and AMX at every size the shortcut covers."""
+    and on the Zen 3 (no tiles) at every size the shortcut covers. On AMX causal only, from AMX_FP32_SMALL_FROM
+    (192^2 with gradients, 256^2 forward)."""
     assert auto_rule.FP32_SMALL_MIN == 64 and auto_rule.FP32_FEW_QUERIES_FROM == (16, 1024)
     fwd = not grad
     cases = ((72, 72, True, False), (80, 80, True, grad), (84, 84, True, grad), (88, 88, True, True),
              (128, 128, True, True), (512, 512, True, True), (128, 128, False, fwd), (127, 128, False, False),
              (256, 256, False, True), (255, 256, False, fwd), (384, 384, False, True), (512, 512, False, True),
              (64, 4096, False, True), (63, 4096, False, fwd), (16, 1024, False, fwd), (15, 1024, False, False),
-             (16, 1023, False, False), (4096, 63, False, False), (32, 32, False, False))
+             (16, 1023, False, False), (4096, 63, False, False), (32, 32, False, False),
+             (191, 191, True, True), (192, 192, True, True), (255, 255, True, True), (256, 256, True, True))
+    amx_from = 192 * 192 if grad else 256 * 256
     for cls in ("avx512_bf16", "avx2", "amx"):
         monkeypatch.setattr(auto_rule, "cpu_class", lambda: cls)
         for L, S, causal, kernel in cases:
-            kernel = kernel and cls == "avx512_bf16"
+            if cls == "amx":
+                kernel = causal and L * S >= amx_from
+            kernel = kernel and cls != "avx2"
             q, k, v = qkv(L=L, S=S)
             q.requires_grad_(grad)
             assert routed(q, k, v, causal) == ("native" if kernel else "sdpa"), (cls, L, S, causal)
             picked = auto_rule.pick(make_request(q, k, v, causal=causal))
             assert picked[0] == ("native" if kernel else "sdpa"), (cls, L, S, causal, picked)
             if kernel:
-                assert "AMD Zen 4" in picked[1], picked
+                assert ("Intel Xeon with AMX" if cls == "amx" else "AMD Zen 4") in picked[1], picked
 
 
 @pytest.mark.parametrize("grad", [False, True])

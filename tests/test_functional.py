@@ -124,8 +124,7 @@ def test_auto_picks_sdpa_flash_without_mask_and_tiled_with_one():
     assert "auto -> native" in text and "not sdpa" in text and "not reference" in text
     assert "auto -> native" in al.explain(q, k, v, bias=torch.zeros(1024, 1024))
     small = [t[:, :, :256] for t in (q, k, v)]
-    from attnlab.functional.cpu import cpu_class                            # off AMX: measured, the kernel
-    want = "auto -> native" if cpu_class() != "amx" and native.why_unavailable() is None else "auto -> sdpa"
+    want = "auto -> native" if native.why_unavailable() is None else "auto -> sdpa"     # every class: measured
     assert want in al.explain(*small, mask=al.masks.window(64, 64))
     assert want in al.explain(*small, mask=al.masks.dense(torch.rand(256, 256) > 0.5))      # read as bits
 
@@ -165,13 +164,14 @@ def zen4(monkeypatch):
 
 
 @pytest.mark.parametrize("cls", ["avx512_bf16", "amx", "avx2"])
-def test_auto_weighs_a_dense_masks_empty_tiles_where_amx_is(cls, monkeypatch):
-    """On AMX a dense mask with little to skip goes to SDPA's fused kernel; off AMX the kernel, which masks a 64-bit
-    word at a time, measured faster however few tiles are empty (the Zen 3's and the Zen 4's "dense" figures)."""
+def test_a_dense_mask_goes_to_the_kernel_however_few_tiles_are_empty(cls, monkeypatch):
+    """The kernel, which masks a 64-bit word at a time, measured faster than SDPA's fused kernel however few tiles are
+    empty on every class (each class's "dense" figures; on AMX 1.15-1.84x with a random half or eighth of the pairs,
+    where its rule had weighed the empty tiles and sent them to SDPA)."""
     monkeypatch.setattr("attnlab.functional.auto_rule.cpu_class", lambda: cls)
     q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
-    want = "sdpa" if cls == "amx" else "native"
-    assert f"auto -> {want}" in al.explain(q, k, v, mask=torch.rand(1024, 1024) > 0.5)
+    line = al.explain(q, k, v, mask=torch.rand(1024, 1024) > 0.5).split("\n")[1]
+    assert line.startswith("auto -> native: a dense bool mask"), line
     block_sparse = torch.zeros(1024, 1024, dtype=torch.bool)
     block_sparse[:512, :512] = True
     assert "auto -> native" in al.explain(q, k, v, mask=block_sparse)
@@ -230,8 +230,8 @@ def test_auto_sends_fp32_causal_and_large_fp32_training_to_the_compiled_kernel(z
 
 def test_on_a_cpu_with_amx_auto_sends_bf16_training_and_masks_to_the_amx_kernel(amx):
     """Both run bf16 on AMX there: the kernel's forward+backward, its masked forward (it skips the empty tiles)
-    and its forward above 512^2 scores (causal), from n = 768 without a mask with D = 64 and from 1536 with D = 128
-    (AMX_PLAIN_FROM) are the faster; below those the two tie and SDPA is kept (docs/benchmarks.md)."""
+    and its forward from 448^2 scores causal (AMX_CAUSAL_FROM), from n = 768 without a mask with D = 64 and from 1536
+    with D = 128 (AMX_PLAIN_FROM) are the faster; below those SDPA is kept (docs/benchmarks.md)."""
     from attnlab.functional.backends.native import on_tiles
     if not on_tiles(64, 64):
         pytest.skip("the compiled kernel's tiles are not built here")
@@ -251,9 +251,10 @@ def test_on_a_cpu_with_amx_auto_sends_bf16_training_and_masks_to_the_amx_kernel(
     for n, D in ((513, 64), (768, 128)):                                  # causal above 512^2 scores, any head dim
         x = torch.empty(1, 8, n, D, dtype=torch.bfloat16)
         assert "auto -> native" in al.explain(x, x, x, causal=True), (n, D)
-    smaller = q[:, :, :512]
-    why = al.explain(smaller, smaller, smaller, causal=True)
-    assert "auto -> sdpa" in why and "Intel Xeon with AMX" in why, why
+    for n, want in ((447, "sdpa"), (448, "native"), (512, "native")):     # causal from AMX_CAUSAL_FROM, 448^2
+        x = q[:, :, :n]
+        why = al.explain(x, x, x, causal=True)
+        assert f"auto -> {want}" in why and "Intel Xeon with AMX" in why, (n, why)
     for mask in (al.masks.padding(torch.tensor([3072])), al.masks.window(256, 0),
                  al.masks.documents(torch.arange(4096) // 512)):
         assert "auto -> native" in al.explain(q, q, q, mask=mask)
@@ -438,10 +439,51 @@ def test_without_avx512_small_requests_with_a_structured_mask_or_bias_go_to_the_
     assert "auto -> sdpa" in al.explain(x, x, x)                                   # no mask: the plain rules
 
 
-def test_on_amx_small_masked_requests_stay_on_sdpa(amx):
-    """Not measured on AMX since the kernel is called directly: the small-problem rule stands."""
+def test_on_amx_small_masked_requests_go_to_the_compiled_kernel_by_its_own_figures(amx):
+    """Measured on the Xeon with AMX (auto_figures_amx): below 512^2 a structured or dense mask goes to the kernel
+    forward at every size, fp32 training from 64^2 scores (SMALL_TRAIN_FROM, as on the Zen 3 and the Zen 4) or with a
+    structured bias, bf16
+    training on AMX's tiles at every size; and each reason names that CPU."""
+    from attnlab.functional.auto_figures import SMALL_TRAIN_FROM
+    from attnlab.positional import ALiBi
+    assert SMALL_TRAIN_FROM == 64 * 64
     x = torch.empty(1, 8, 256, 64)
-    assert al.explain(x, x, x, mask=al.masks.padding([200])).split("\n")[1].startswith("auto -> sdpa: L*S")
+    dense = al.masks.dense(torch.rand(256, 256, generator=torch.Generator().manual_seed(0)) > 0.5)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for mask, reason in ((al.masks.padding([200]), "a structured mask or bias below"),
+                             (al.masks.window(64, 0), "a structured mask or bias below"),
+                             (dense, "a dense bool mask below")):
+            h = x.to(dtype)
+            line = al.explain(h, h, h, mask=mask).split("\n")[1]
+            assert line.startswith(f"auto -> native: {reason} 512^2") and "Intel Xeon with AMX" in line, (dtype, line)
+    for n, want in ((48, "sdpa"), (63, "sdpa"), (64, "native"), (128, "native")):
+        x = torch.empty(1, 8, n, 64, requires_grad=True)
+        line = al.explain(x, x, x, mask=al.masks.padding([n - 1])).split("\n")[1]
+        assert line.startswith(f"auto -> {want}: with gradients") and "Intel Xeon with AMX" in line, (n, line)
+        line = al.explain(x, x, x, bias=ALiBi(8).bias(), causal=True).split("\n")[1]      # a structured bias: any n
+        assert line.startswith("auto -> native: with gradients below 512^2"), (n, line)
+    for n in (16, 64):
+        h = torch.empty(1, 8, n, 64, dtype=torch.bfloat16, requires_grad=True)
+        line = al.explain(h, h, h, mask=al.masks.padding([n - 1])).split("\n")[1]
+        assert line.startswith("auto -> native: bf16 with gradients below 512^2 scores on a CPU with AMX"), (n, line)
+
+
+def test_on_amx_a_masked_forward_that_costs_the_kernel_per_key_goes_to_sdpa(amx):
+    """Whatever the size: bf16 with fewer than 48 queries (its AMX path packs all of K and V on each call), fp16 over
+    fewer than 96 keys or more than max(1024, 128 per query) (it converts all of K and V to fp32 on each call)."""
+    for dtype, L, S, want in ((torch.bfloat16, 47, 4096, "sdpa"), (torch.bfloat16, 48, 4096, "native"),
+                              (torch.bfloat16, 1, 256, "sdpa"), (torch.bfloat16, 32, 16384, "sdpa"),
+                              (torch.float16, 1, 1024, "native"), (torch.float16, 1, 1025, "sdpa"),
+                              (torch.float16, 16, 2048, "native"), (torch.float16, 16, 2049, "sdpa"),
+                              (torch.float16, 64, 16384, "sdpa"), (torch.float16, 128, 16384, "native"),
+                              (torch.float16, 64, 64, "sdpa"), (torch.float16, 96, 96, "native"),
+                              (torch.float32, 1, 16384, "native"), (torch.float32, 1, 64, "native")):
+        q, k = torch.empty(1, 8, L, 64, dtype=dtype), torch.empty(1, 8, S, 64, dtype=dtype)
+        line = al.explain(q, k, k, mask=al.masks.padding([S // 2])).split("\n")[1]
+        assert line.startswith(f"auto -> {want}"), (dtype, L, S, line)
+        assert want == "native" or "Intel Xeon with AMX" in line, line
+        with_grad = al.explain(q.clone().requires_grad_(), k, k, mask=al.masks.padding([S // 2])).split("\n")[1]
+        assert with_grad.startswith("auto -> native") or dtype == torch.float32, (dtype, L, S, with_grad)
 
 
 @pytest.mark.parametrize("cls", ["avx512_bf16", "avx512"])

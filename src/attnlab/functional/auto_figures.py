@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .auto_figures_amx import AMX_BF16_MIN_SKIPPABLE, AMX_MEASURED
+
 # Up to this many score entries per head, the tiled kernel's per-tile Python overhead costs more
 # than skipping saves, and SDPA with the dense mask is faster. The crossover was measured on the AMD Zen 4
 # by a script that is not in the repository (docs/benchmarks.md): a threshold, not a quoted figure.
@@ -34,7 +36,6 @@ BF16_CAUSAL_NATIVE_BELOW = 8192 * 8192
 # Every ratio above was measured on one CPU class, and a rule measured on one class can be wrong several-fold on
 # another (issue #27): each figure auto quotes names the CPU it was measured on.
 ZEN4 = "AMD Zen 4, AVX512-BF16 without AMX, 2 threads"
-XEON_AMX = "Intel Xeon with AMX, 2 threads"
 # Measured again with the one build on 5 Dec 2026 (docs/benchmarks.md, "Issue #27: the avx512_bf16 class with the
 # one build"; 1-2 Dec 2026 before, with -march=native: fp32 1.11-1.20x, 1.11-1.42x, 1.29-1.36x, 1.28-1.68x; bf16
 # 1.69-2.26x, 1.84-2.05x, 1.67-1.89x, 1.78-1.96x).
@@ -43,71 +44,6 @@ TILES_MEASURED = {
                     f"1.27-1.30x and 1.34-1.71x its forward+backward at n = 1024-4096 ({ZEN4})"),
     torch.bfloat16: ("2.17-2.24x SDPA's forward without a mask and 2.28-2.69x with a causal one at n = 1024-16384, "
                      f"1.76-1.90x and 1.99-2.17x its forward+backward at n = 1024-4096 ({ZEN4})"),
-}
-# On a CPU with AMX (functional/cpu.py) torch's SDPA runs bf16 products on AMX tiles through oneDNN, and so
-# does the compiled kernel's `amx` build where D and Dv are multiples of 16 (on_amx; csrc/amx.cpp). Measured
-# there (docs/benchmarks.md, "Issue #27: bf16 on AMX tiles", B=1 H=8, n = 1024-8192, D = 64 and 128):
-# * bf16 on AMX: the compiled kernel AMX_TRAIN of SDPA's forward+backward (the kernel). Its forward, since the
-#   softmax's own exp (native.h exp2_clamped; docs/benchmarks.md, "Issue #27: the softmax's exp on AMX"), measured
-#   AMX_CAUSAL_FWD of SDPA's with a causal mask from n = 2048 and 0.97-1.18x at 1024 (median 1.07x of the five
-#   grid and tune runs of 3 Dec 2026: the kernel from n = 1024, "Issue #27: auto on a noisy day"), and
-#   AMX_PLAIN_FWD without a mask from n = 4096 (0.96-1.00x at 2048, 0.88-0.93x at 1024), D = 64 and 128. Measured
-#   again on 6 Dec 2026, after the kept packed K and V, the row bounds and the bf16 buffers' memset ("Issue #27:
-#   float16 on the Xeon with AMX, and subnormal weights", bf16's plain forward): causal 1.05-1.35x at n = 768-8192,
-#   D = 64 and 128 (so AMX_CAUSAL_FROM takes every causal forward above SMALL_PROBLEM); without a mask 1.07-1.29x
-#   at n = 768-8192 with D = 64 (0.95-0.97x at 512), and with D = 128 1.03-1.18x at n = 1536-8192 (0.93-1.01x at
-#   768-1024): AMX_PLAIN_FROM by head dim, larger heads than 64 by D = 128's (no other was measured).
-#   Its masked forward wins where the mask leaves at least AMX_BF16_MIN_SKIPPABLE of the tiles empty: key
-#   padding that empties 3% of them ran in 28.96 ms against SDPA's 33.41 ms, and 1.25-2.2x faster from 9%
-#   on (`attnlab tune`, docs/bench-results-amx-tune-exp.json); below 3% nothing was measured, so SDPA;
-# * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
-#   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
-#   1.65-5.9x; 8 documents: 2.4-3.6x);
-# * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
-#   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
-AMX_TRAIN = "1.24-1.81x"
-AMX_CAUSAL_FROM = 512 * 512
-# without a mask, by head dim: (at most this max(D, Dv), or None: any, from this many scores), first match
-AMX_PLAIN_FROM = ((64, 768 * 768), (None, 1536 * 1536))
-AMX_MEASURED = {
-    "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_TRAIN} SDPA's forward+backward "
-             f"without a mask or with a causal one, at n = 1024-8192, D = 64 and 128 ({XEON_AMX})"),
-    "bf16 forward": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 1.05-1.35x SDPA's "
-                     "with a causal mask at n = 768-8192, D = 64 and 128, and without one 1.07-1.29x at n = 768-8192 "
-                     f"with D = 64 and 1.03-1.18x at n = 1536-8192 with D = 128 ({XEON_AMX})"),
-    "bf16 masked": ("bf16 forward on a CPU with AMX, key padding at n = 2048: the compiled kernel's AMX build "
-                    f"measured 1.15x SDPA's with its dense mask at 3% empty tiles, 1.25-2.2x from 9% ({XEON_AMX})"),
-    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.95-0.97x "
-                             "SDPA's without a mask at n = 512 with D = 64, and with D = 128 0.82-0.85x at n = 512 "
-                             "and 0.93-1.01x at 768-1024; at 512^2 scores and below "
-                             "the class keeps its small-problem rule, SDPA (the kernel measured 1.13-1.24x causal at "
-                             f"n = 512, not yet acted on) ({XEON_AMX})"),
-    "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
-                   "kernel's AMX path (D, Dv not multiples of 16) its AVX512-BF16 tiles measured 0.25-0.36x "
-                   f"SDPA's forward and 0.51-0.62x its forward+backward at n = 1024, 4096 ({XEON_AMX})"),
-    "fp16 training": ("fp16 with gradients on a CPU with AMX (and AVX512-FP16), without a mask or causal: the "
-                      "compiled kernel, which computes fp16 as fp32, measured 1.00-2.14x torch SDPA's "
-                      "forward+backward at n = 16-8192 (D = 64; 1.07-1.59x at D = 128, n = 256-4096) "
-                      f"({XEON_AMX})"),
-    "fp16 forward": ("fp16 forward on a CPU with AMX (and AVX512-FP16): the compiled kernel, which computes fp16 as "
-                     "fp32, measured 1.12-1.58x torch SDPA's causal forward at n = 256-8192, 1.09-1.10x its forward "
-                     "without a mask at n = 4096-8192 and 1.02x the sdpa backend's with 1024 queries over 16384 keys "
-                     "(D = 64; at D = 128 1.00-1.18x causal at n = 256-4096, 1.08x without a mask at 4096) "
-                     f"({XEON_AMX})"),
-    "fp16 masked": ("fp16 on a CPU with AMX (and AVX512-FP16): the compiled kernel, which computes fp16 as fp32, "
-                    "measured 1.33-1.46x torch SDPA's forward (given the dense mask or bias) with key padding, "
-                    "3.3-11.5x with a W = 256 window, 4.9-7.9x with 8 documents and 1.9-2.3x with ALiBi + causal "
-                    f"at n = 1024 and 4096, and 1.5-11.7x its forward+backward ({XEON_AMX})"),
-    "fp16 forward to sdpa": ("fp16 forward on a CPU with AMX (and AVX512-FP16): the compiled kernel, which computes "
-                             "fp16 as fp32, measured 0.75-0.98x torch SDPA's forward without a mask at n = 128-1024 "
-                             "and 1.04x at 2048, 0.90-0.98x causal at n = 128-192, and 0.35-0.76x the sdpa "
-                             "backend's with 1-64 queries over 1024-16384 keys, where it converts all of K and V to "
-                             f"fp32 on each call ({XEON_AMX})"),
-    "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
-                     f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
-    "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
-             f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
-             f"n = 1024, 4096 ({XEON_AMX})"),
 }
 # On a CPU without AVX-512 (class avx2, and "other") torch has no fast bf16 GEMM: oneDNN's bf16 matmul needs
 # AVX-512, and the fallback ran at 0.9-1.4 GFLOP/s where MKL's cblas_gemm_bf16bf16f32, which the compiled kernel
@@ -128,16 +64,7 @@ ZEN3 = "AMD EPYC Zen 3, AVX2 without AVX-512, 2 threads"
 NO_BF16_GEMM = ("avx2", "other")
 # fp16: torch's fp16 GEMM needs AVX512-FP16 (oneDNN), which the Zen 4 lacks as the Zen 3 does: 1.0-3.2 GFLOP/s at
 # 256^3-1024^3 on the Zen 4, where its bf16 GEMM ran at 358-427 (5 Dec 2026). So every class off AMX has no fast
-# fp16 GEMM (MEASURED_OFF_AMX below). The Xeon with AMX has AVX512-FP16 (no AMX-FP16): torch's fp16 GEMM runs on
-# oneDNN's AVX512-FP16 there (the bench's peak read 372 GFLOP/s, 6 Dec 2026) and SDPA's fp16 with it; the compiled
-# kernel computes fp16 as fp32 on its fp32 tiles. Measured there (docs/benchmarks.md, "Issue #27: float16 on the
-# Xeon with AMX, and subnormal weights"; AMX_MEASURED's fp16 figures, read through auto_rule.amx_fp16): the kernel
-# with gradients at every size, and forward with a causal mask from AMX_FP16_CAUSAL_FROM scores (0.90-0.98x at
-# n = 128-192); without a mask from AMX_FP16_PLAIN_FROM (scores, queries): below, a tie at n = 512-2048, and with
-# fewer queries SDPA (the kernel converts all of K and V to fp32 on each call, which costs more than a few queries'
-# products).
-AMX_FP16_CAUSAL_FROM = 256 * 256
-AMX_FP16_PLAIN_FROM = (4096 * 4096, 1024)
+# fp16 GEMM (MEASURED_OFF_AMX below); the Xeon with AMX has one (auto_figures_amx).
 
 
 AVX2_CAUSAL_FWD_BELOW = 4096 * 4096
@@ -164,7 +91,8 @@ FP16_FWD_FROM = {"avx2": (48 * 48, 256), "avx512_bf16": (48 * 48, 16)}
 # (ALiBi, read from a table) at every size, 1.24-1.66x at n = 16-128 in five runs, where the sdpa backend builds the
 # dense bias: AVX2_MEASURED["small training"] (docs/benchmarks.md, "Issue #27: fp32 training below 128^2").
 # (128^2 until 5 Dec 2026: two earlier runs had found n = 64 a tie, 0.91-1.09x; n = 72-112 had not been measured.)
-SMALL_TRAIN_FROM = 64 * 64                # the Zen 4's crossover too (ZEN4_MEASURED["small training"])
+# The Zen 4's crossover too (ZEN4_MEASURED["small training"]), and the Xeon with AMX's (AMX_MEASURED["small training"]).
+SMALL_TRAIN_FROM = 64 * 64
 AVX2_MEASURED = {
     "bf16 training": ("bf16 with gradients on a CPU without AVX-512, where torch's bf16 GEMM (which SDPA's backward "
                       "calls) is a scalar fallback: the compiled kernel measured 5.3-7.9x SDPA's forward+backward "
@@ -361,8 +289,8 @@ FP32_FEW_QUERIES_FROM = (16, 1024)
 #: avx2 rules): where these hold, auto sends masked and slow-GEMM requests to the kernel; none of them has a fast
 #: fp16 GEMM (AVX512-FP16)
 MEASURED_OFF_AMX = {"avx2": "avx2", "other": "avx2", "avx512_bf16": "avx512_bf16", "avx512": "avx512_bf16"}
-FIGURES = {"avx2": AVX2_MEASURED, "avx512_bf16": ZEN4_MEASURED}
-AMX_BF16_MIN_SKIPPABLE = 0.03
+#: every measured class's figures, by class (auto_rule.measured_class)
+FIGURES = {"avx2": AVX2_MEASURED, "avx512_bf16": ZEN4_MEASURED, "amx": AMX_MEASURED}
 TILES_BF16_MIN_SKIPPABLE = 0.6
 # A dense (element-wise) mask with fewer skippable tiles than this is faster in SDPA's fused kernel.
 MIN_SKIPPABLE = 0.25
@@ -375,9 +303,9 @@ IN_GRAPH = "inside a torch.compile graph, which may not branch on the mask's con
 IN_GRAPH_WHY = {
     "dense": (f"a dense mask {IN_GRAPH}: SDPA's fused kernel applies it faster than tiling can skip unless "
               f"{MIN_SKIPPABLE:.0%} of the tiles are empty"),
-    "dense off amx": (f"a dense mask {IN_GRAPH}: the compiled kernel wins on a CPU without AMX with the "
-                             "mask's bits and each row's range of keys kept with the mask, and a graph would pack "
-                             "the bits again on every call, without the ranges (inductor miscompiles them)"),
+    "dense kernel": (f"a dense mask {IN_GRAPH}: the compiled kernel wins with the mask's bits and each row's range "
+                     "of keys kept with the mask, and a graph would pack the bits again on every call, without the "
+                     "ranges (inductor miscompiles them)"),
     "bf16 tiles": (f"bf16 inference with a mask {IN_GRAPH}: the compiled kernel wins only from "
                    f"{TILES_BF16_MIN_SKIPPABLE:.0%} of the tiles empty ({AMX_MEASURED['bf16 tiles']})"),
 }

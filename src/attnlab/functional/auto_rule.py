@@ -20,13 +20,14 @@ from torch import Tensor
 
 from . import backends as _backends  # noqa: F401  (registers the backends)
 from .auto_figures import (
-    AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_FP16_CAUSAL_FROM, AMX_FP16_PLAIN_FROM, AMX_MEASURED, AMX_PLAIN_FROM,
     AVX2_CAUSAL_FWD_BELOW, AVX2_MEASURED, AVX2_TRAIN_FROM, BF16_CAUSAL_NATIVE_BELOW,
     BF16_DECODE_KEYS_FROM, BF16_MASKED_WHY, BF16_SMALL_FWD_FROM, FIGURES, FP16_FWD_FROM, FP16_TRAIN_FROM,
     FP32_FEW_QUERIES_FROM, FP32_SMALL_FROM, FP32_SMALL_MIN, GQA_FP32_DECODE_FROM, IN_GRAPH_WHY,
     MEASURED_OFF_AMX, MIN_SKIPPABLE, NATIVE_TRAIN_FROM, NO_BF16_GEMM, SMALL_CAUSAL_FWD_SCORES, SMALL_PROBLEM,
-    SMALL_TRAIN_FROM, SPARSE_FROM,
-    TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, XEON_AMX, ZEN4)
+    SMALL_TRAIN_FROM, SPARSE_FROM, TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, ZEN4)
+from .auto_figures_amx import (
+    AMX_BF16_MASKED_QUERIES, AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_FP16_CAUSAL_FROM, AMX_FP16_MASKED_KEYS,
+    AMX_FP16_PLAIN_FROM, AMX_FP32_SMALL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, XEON_AMX)
 from .backends.native import on_amx, on_tiles
 from .backends.sdpa import sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -73,6 +74,32 @@ def amx_fp16(L: int, S: int, causal: bool, needs_grad: bool) -> Optional[str]:
     return AMX_MEASURED["fp16 forward"] if wins else None
 
 
+def amx_bf16(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int) -> Optional[str]:
+    """Why the compiled kernel's AMX build beats SDPA (torch's own AMX kernel) on a plain bf16 request of L queries over
+    S keys on a CPU with AMX, or None: on AMX's tiles (D, Dv multiples of 16) with gradients at every size; forward with
+    a causal mask (L == S) from AMX_CAUSAL_FROM scores, without one from AMX_PLAIN_FROM's (by head dim)."""
+    if not on_amx(D, Dv):
+        return None
+    if needs_grad:
+        return AMX_MEASURED["bf16" if L * S > SMALL_PROBLEM else "bf16 small training"]
+    wins = L * S >= (AMX_CAUSAL_FROM if causal else _threshold(AMX_PLAIN_FROM, max(D, Dv)))
+    return AMX_MEASURED["bf16 forward"] if wins else None
+
+
+def amx_masked_forward_to_sdpa(dtype: torch.dtype, L: int, S: int) -> Optional[str]:
+    """Why SDPA beats the compiled kernel on a forward with a mask or bias of L queries over S keys on a CPU with AMX,
+    whatever the size, or None: bf16 with fewer than AMX_BF16_MASKED_QUERIES queries (its AMX path packs all of K and
+    V on each call), fp16 over keys outside AMX_FP16_MASKED_KEYS (it converts all of K and V to fp32 on each call)."""
+    if cpu_class() != "amx":
+        return None
+    if dtype == torch.bfloat16 and L < AMX_BF16_MASKED_QUERIES:
+        return AMX_MEASURED["bf16 masked few queries"]
+    fewest, most, per_query = AMX_FP16_MASKED_KEYS
+    if dtype == torch.float16 and not fewest <= S <= max(most, per_query * L):
+        return AMX_MEASURED["fp16 masked many keys"]
+    return None
+
+
 def _threshold(table: tuple, x: int) -> int:
     """The threshold of ``table``'s first row ((at most this x, or None: any), threshold) that x falls in: the form of
     BF16_DECODE_KEYS_FROM (by queries) and AMX_PLAIN_FROM (by head dim)."""
@@ -83,6 +110,11 @@ def _off_amx() -> Optional[str]:
     """The measured class whose figures and thresholds hold on this CPU where auto sends masked and slow-GEMM
     requests to the compiled kernel ('avx2': the Zen 3's, 'avx512_bf16': the Zen 4's), None on a CPU with AMX."""
     return MEASURED_OFF_AMX.get(cpu_class())
+
+
+def _measured() -> str:
+    """The measured class whose figures (FIGURES) hold on this CPU: _off_amx()'s, or 'amx'."""
+    return _off_amx() or "amx"
 
 
 def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int,
@@ -96,8 +128,10 @@ def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bo
     asks for a measured kind where it is the small bf16 one); without, for a plain request (no mask, or causal with
     L == S). ``attention``'s small-request shortcut asks it too."""
     measured = _off_amx()
-    if measured is None:                             # AMX: fp16 by its own rule, bf16 by _plain_native's
-        return amx_fp16(L, S, causal, needs_grad) if dtype == torch.float16 else None
+    if measured is None:                             # AMX: fp16 by amx_fp16; bf16 by amx_bf16, above it _plain_native
+        if dtype == torch.float16:
+            return amx_fp16(L, S, causal, needs_grad)
+        return amx_bf16(L, S, causal, needs_grad, D, Dv) if dtype == torch.bfloat16 and L * S <= SMALL_PROBLEM else None
     if dtype not in (torch.bfloat16, torch.float16):
         return None
     figures, LS = FIGURES[measured], L * S
@@ -134,6 +168,10 @@ def fp32_small_kernel(L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv
     fewer queries from FP32_FEW_QUERIES_FROM. ``attention``'s small-request shortcut asks it too. (Above
     SMALL_PROBLEM: ``_plain_native``'s tiles rule.)"""
     LS = L * S
+    if _off_amx() is None:                           # AMX: causal only (AMX_FP32_SMALL_FROM)
+        if not causal or not AMX_FP32_SMALL_FROM[needs_grad] <= LS <= SMALL_PROBLEM or not on_tiles(D, Dv):
+            return None
+        return AMX_MEASURED["fp32 small"]
     square = min(L, S) >= FP32_SMALL_MIN and LS >= FP32_SMALL_FROM[(causal, needs_grad)]
     few = (not causal and not needs_grad and FP32_FEW_QUERIES_FROM[0] <= L < FP32_SMALL_MIN
            and S >= FP32_FEW_QUERIES_FROM[1])
@@ -212,10 +250,13 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
             return "native", why
         return "sdpa", ("no mask or bias (or causal with L == S): SDPA's fused flash kernel is the fastest exact "
                         "path" + _class_note(req))
+    few = amx_masked_forward_to_sdpa(req.q.dtype, L, S) if sdpa_ok and not req.needs_grad else None
+    if few is not None:
+        return "sdpa", few
     elementwise = any(isinstance(p, DenseMask) for p in mask_parts(req.mask))
     if "sdpa" in runnable and L * S <= SMALL_PROBLEM:
         if sdpa_ok and "native" in runnable and _small_kinds(req):
-            measured = _off_amx()
+            measured = _measured()
             figures = FIGURES[measured]
             if not req.needs_grad:
                 return "native", figures["small dense" if elementwise else "small masked"]
@@ -224,11 +265,10 @@ def pick(req: AttentionRequest) -> tuple[str, str]:
             return "sdpa", _as_measured(req.q.dtype, figures["small training to sdpa"])
         return "sdpa", f"L*S = {L * S} <= {SMALL_PROBLEM}: too small for tiling to pay off"
     if sdpa_ok and elementwise and not isinstance(req.bias, StructuredBias):
-        measured = _off_amx()
-        if measured and req.bias is None and "native" in runnable:      # faster, few empty tiles or many
+        if req.bias is None and "native" in runnable:      # faster, few empty tiles or many, on every class
             if torch.compiler.is_compiling():
-                return "sdpa", IN_GRAPH_WHY["dense off amx"]
-            return "native", FIGURES[measured]["dense"]
+                return "sdpa", IN_GRAPH_WHY["dense kernel"]
+            return "native", FIGURES[_measured()]["dense"]
         skip = skippable(req)
         if skip is None:
             return "sdpa", IN_GRAPH_WHY["dense"]
@@ -369,13 +409,8 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if dtype == torch.float32 and LS <= SMALL_PROBLEM:            # below it every other rule says SDPA
         return (fp32_small_kernel(req.shape.L, req.shape.S, causal, req.needs_grad, req.shape.D, req.shape.Dv)
                 or _gqa_decode_kernel(req))
-    if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles
-        if not _on_amx(req) or LS <= SMALL_PROBLEM:
-            return None
-        if req.needs_grad:
-            return AMX_MEASURED["bf16"]
-        plain_from = _threshold(AMX_PLAIN_FROM, max(req.shape.D, req.shape.Dv))
-        return AMX_MEASURED["bf16 forward"] if LS >= (AMX_CAUSAL_FROM if causal else plain_from) else None
+    if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles (below SMALL_PROBLEM: half_kernel)
+        return amx_bf16(req.shape.L, req.shape.S, causal, req.needs_grad, req.shape.D, req.shape.Dv)
     tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and _on_tiles(req)
     if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
         return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
@@ -412,11 +447,13 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: in
 
 def _small_kinds(req: AttentionRequest) -> bool:
     """Is a request with a mask or bias below SMALL_PROBLEM scores of a kind measured for the compiled kernel on this
-    CPU? Off AMX (the Zen 3, the Zen 4): masks whose every part has an interval form (``Mask.row_spans``: causal,
+    CPU? On every measured class (the Zen 3, the Zen 4, the Xeon with AMX): masks whose every part has an interval
+    form (``Mask.row_spans``: causal,
     window, padding, documents) or is a dense bool mask (read as bits, each row within its range; not inside a
     torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a dense bias, nor a block layout:
-    not measured. (With gradients ``pick`` then weighs the size: SMALL_TRAIN_FROM.)"""
-    if _off_amx() is None or isinstance(req.bias, Tensor):
+    not measured. (With gradients ``pick`` then weighs the size: SMALL_TRAIN_FROM; on AMX a forward of some
+    dtypes and shapes goes to SDPA first, ``amx_masked_forward_to_sdpa``.)"""
+    if isinstance(req.bias, Tensor):
         return False
     dense_ok = not torch.compiler.is_compiling()     # a graph packs a dense mask's bits again on every call
     if any(type(p).row_spans is Mask.row_spans and not (dense_ok and isinstance(p, DenseMask))
@@ -442,6 +479,6 @@ def _class_note(req: AttentionRequest) -> str:
     if req.q.dtype == torch.float16 and not req.needs_grad:
         return f"; {AMX_MEASURED['fp16 forward to sdpa']}"
     big = req.shape.L * req.shape.S > SMALL_PROBLEM
-    if req.q.dtype == torch.float32 and big and _on_tiles(req):
-        return f"; {AMX_MEASURED['fp32 forward']}"
+    if req.q.dtype == torch.float32 and _on_tiles(req):
+        return f"; {AMX_MEASURED['fp32 forward' if big else 'fp32 small to sdpa']}"
     return ""
