@@ -279,14 +279,20 @@ def test_on_a_cpu_with_amx_auto_sends_bf16_off_the_amx_path_to_sdpa_unless_the_m
         assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
 
 
-def test_on_a_cpu_with_amx_auto_sends_fp32_to_the_kernel_except_plain_inference(amx):
+def test_on_a_cpu_with_amx_auto_sends_fp32_to_the_kernel_except_smaller_plain_inference(amx):
+    """fp32 on the tiles: causal and with gradients the kernel; a forward without a mask from 2048^2 scores or over
+    16384 keys with 32 queries or more (AMX_FP32_PLAIN_FROM), SDPA below (0.95-0.99x at n = 1024)."""
     from attnlab.functional.backends.native import on_tiles
     if not on_tiles(64, 64):
         pytest.skip("the compiled kernel's tiles are not built here")
     q = torch.empty(1, 8, 4096, 64)
-    assert "auto -> sdpa" in al.explain(q, q, q)                                        # 0.94-0.96x: SDPA
     for why in (al.explain(q, q, q, causal=True), al.explain(q.clone().requires_grad_(), q, q)):
         assert "auto -> native" in why and "Intel Xeon with AMX" in why, why
+    for L, S, want in ((4096, 4096, "native"), (2048, 2048, "native"), (2047, 2048, "sdpa"), (32, 16384, "native"),
+                       (31, 16384, "sdpa"), (256, 16383, "sdpa")):
+        x, y = torch.empty(1, 8, L, 64), torch.empty(1, 8, S, 64)
+        why = al.explain(x, y, y)
+        assert f"auto -> {want}" in why and "Intel Xeon with AMX" in why, (L, S, why)
 
 
 @pytest.fixture

@@ -30,9 +30,15 @@ XEON_AMX = "Intel Xeon with AMX, 2 threads"
 # * bf16 off AMX (other head dims): the AVX512-BF16 tiles measured 0.25-0.36x SDPA's forward and 0.51-0.62x
 #   its forward+backward: SDPA, unless TILES_BF16_MIN_SKIPPABLE of the tiles are empty (a W = 256 window:
 #   1.65-5.9x; 8 documents: 2.4-3.6x);
-# * fp32 on the tiles: the compiled kernel 0.94-0.96x SDPA's forward without a mask (SDPA), 1.05x its
-#   forward+backward and 1.02-1.15x forward with a causal mask, 1.10-1.37x forward+backward (the kernel).
+# * fp32 on the tiles: the compiled kernel 1.05x SDPA's forward+backward without a mask, 1.02-1.15x its forward and
+#   1.10-1.37x its forward+backward with a causal one (the kernel). Its forward without a mask measured 0.94-0.96x
+#   on 2 Dec 2026 and a tie on 3 Dec (0.95-1.05x at n = 4096 and 16384 in six runs); on 6 Dec 2026, after the
+#   softmax's exp, the row bounds and the kernel's other changes since, 1.04-1.12x torch SDPA from n = 4096 in four
+#   runs, 1.02-1.05x at 2048 in three (0.95-0.99x at 1024) and 1.06-1.38x the sdpa backend with 32-256 queries over
+#   16384 keys (two runs; 1.01-1.08x with 1-16 queries): the kernel from AMX_FP32_PLAIN_FROM (scores, or (queries,
+#   keys)).
 AMX_TRAIN = "1.24-1.81x"
+AMX_FP32_PLAIN_FROM = (2048 * 2048, (32, 16384))
 AMX_CAUSAL_FROM = 448 * 448                 # below SMALL_PROBLEM too: see the small requests below
 # without a mask, by head dim: (at most this max(D, Dv), or None: any, from this many scores), first match
 AMX_PLAIN_FROM = ((64, 768 * 768), (None, 1536 * 1536))
@@ -113,8 +119,13 @@ AMX_MEASURED = {
                            "0.37-0.98x torch SDPA's forward without a mask and 0.44-1.01x its forward+backward at "
                            "n = 16-512, causal 0.40-0.93x forward below n = 256 and 0.39-0.93x forward+backward "
                            f"below 192, D = 64 ({XEON_AMX})"),
-    "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
-                     f"0.94-0.96x SDPA's at n = 1024, 4096 ({XEON_AMX})"),
+    "fp32 forward": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured 1.04-1.12x "
+                     "torch SDPA's at n = 4096-16384 in four runs and 1.02-1.05x at 2048 in three, and 1.06-1.38x the "
+                     f"sdpa backend's with 32-256 queries over 16384 keys (D = 64) ({XEON_AMX})"),
+    "fp32 forward to sdpa": ("fp32 forward without a mask on a CPU with AMX: the compiled kernel's tiles measured "
+                             "0.95-0.99x torch SDPA's at n = 1024 in four runs, 0.93-1.09x the sdpa backend's "
+                             "with 16-256 queries over 4096 keys, 1.01-1.08x with 1-16 over 16384 (D = 64) "
+                             f"({XEON_AMX})"),
     "fp32": ("fp32 with D, Dv multiples of 16: the compiled kernel's tiles measured 1.05x SDPA's forward+backward "
              f"without a mask, 1.02-1.15x its forward and 1.10-1.37x its forward+backward with a causal one, at "
              f"n = 1024, 4096 ({XEON_AMX})"),

@@ -27,7 +27,7 @@ from .auto_figures import (
     SMALL_TRAIN_FROM, SPARSE_FROM, TILES_BF16_MIN_SKIPPABLE, TILES_MEASURED, ZEN4)
 from .auto_figures_amx import (
     AMX_BF16_MASKED_QUERIES, AMX_BF16_MIN_SKIPPABLE, AMX_CAUSAL_FROM, AMX_FP16_CAUSAL_FROM, AMX_FP16_MASKED_KEYS,
-    AMX_FP16_PLAIN_FROM, AMX_FP32_SMALL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, XEON_AMX)
+    AMX_FP16_PLAIN_FROM, AMX_FP32_PLAIN_FROM, AMX_FP32_SMALL_FROM, AMX_MEASURED, AMX_PLAIN_FROM, XEON_AMX)
 from .backends.native import on_amx, on_tiles
 from .backends.sdpa import sdpa_kernel_kind
 from .backends.tiled_plan import skip_grid
@@ -120,13 +120,14 @@ def _measured() -> str:
 def half_kernel(dtype: torch.dtype, L: int, S: int, causal: bool, needs_grad: bool, D: int, Dv: int,
                 heads: int = 1) -> Optional[str]:
     """Why the compiled kernel beats SDPA on a bf16 or fp16 request of L queries over S keys in ``heads`` query heads
-    (B * H) on this CPU, or None: fp16 on AMX by ``amx_fp16``; off AMX where torch's GEMM of that dtype is slow --
-    fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM
-    scores on the AVX-512 tiles, bf16's backward, its forward from BF16_SMALL_FWD_FROM queries and keys and, without
-    a mask, its decoding over BF16_DECODE_KEYS_FROM keys (by the number of queries); a small causal forward of either
-    from SMALL_CAUSAL_FWD_SCORES scores over all heads. With gradients the reason holds whatever the mask (``pick``
-    asks for a measured kind where it is the small bf16 one); without, for a plain request (no mask, or causal with
-    L == S). ``attention``'s small-request shortcut asks it too."""
+    (B * H) on this CPU, or None: on AMX fp16 by ``amx_fp16`` and bf16 below SMALL_PROBLEM scores by ``amx_bf16``;
+    off AMX where torch's GEMM of that dtype is slow -- fp16 everywhere there (no AVX512-FP16), bf16 on a CPU without
+    AVX-512 (NO_BF16_GEMM) and, below SMALL_PROBLEM scores on the AVX-512 tiles, bf16's backward, its forward from
+    BF16_SMALL_FWD_FROM queries and keys and, without a mask, its decoding over BF16_DECODE_KEYS_FROM keys (by the
+    number of queries); a small causal forward of either from SMALL_CAUSAL_FWD_SCORES scores over all heads. With
+    gradients the reason holds whatever the mask (``pick`` asks for a measured kind where it is the small bf16 one);
+    without, for a plain request (no mask, or causal with L == S). ``attention``'s small-request shortcut asks it
+    too."""
     measured = _off_amx()
     if measured is None:                             # AMX: fp16 by amx_fp16; bf16 by amx_bf16, above it _plain_native
         if dtype == torch.float16:
@@ -412,8 +413,12 @@ def _plain_native(req: AttentionRequest) -> Optional[str]:
     if amx and dtype == torch.bfloat16:               # both run bf16 on AMX tiles (below SMALL_PROBLEM: half_kernel)
         return amx_bf16(req.shape.L, req.shape.S, causal, req.needs_grad, req.shape.D, req.shape.Dv)
     tiles = dtype in (torch.float32, torch.bfloat16) and LS > SMALL_PROBLEM and _on_tiles(req)
-    if tiles and amx:                                 # fp32: SDPA only for a forward without a mask
-        return AMX_MEASURED["fp32"] if causal or req.needs_grad else None
+    if tiles and amx:                                 # fp32: SDPA only for a smaller forward without a mask
+        if causal or req.needs_grad:
+            return AMX_MEASURED["fp32"]
+        scores, (queries, keys) = AMX_FP32_PLAIN_FROM
+        L, S = req.shape.L, req.shape.S
+        return AMX_MEASURED["fp32 forward"] if LS >= scores or (L >= queries and S >= keys) else None
     if tiles:
         return (f"{_NAMES[dtype]} with D, Dv multiples of 16: the compiled kernel's AVX-512 tiles measured "
                 f"{TILES_MEASURED[dtype]} (docs/benchmarks.md, auto grid)")
@@ -448,11 +453,10 @@ def _plain_native_avx2(dtype: torch.dtype, causal: bool, needs_grad: bool, L: in
 def _small_kinds(req: AttentionRequest) -> bool:
     """Is a request with a mask or bias below SMALL_PROBLEM scores of a kind measured for the compiled kernel on this
     CPU? On every measured class (the Zen 3, the Zen 4, the Xeon with AMX): masks whose every part has an interval
-    form (``Mask.row_spans``: causal,
-    window, padding, documents) or is a dense bool mask (read as bits, each row within its range; not inside a
-    torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a dense bias, nor a block layout:
-    not measured. (With gradients ``pick`` then weighs the size: SMALL_TRAIN_FROM; on AMX a forward of some
-    dtypes and shapes goes to SDPA first, ``amx_masked_forward_to_sdpa``.)"""
+    form (``Mask.row_spans``: causal, window, padding, documents) or is a dense bool mask (read as bits, each row
+    within its range; not inside a torch.compile graph, see IN_GRAPH_WHY), and no bias or a structured one. Not a
+    dense bias, nor a block layout: not measured. (With gradients ``pick`` then weighs the size: SMALL_TRAIN_FROM;
+    on AMX some forwards go to SDPA before it is asked: ``amx_masked_forward_to_sdpa``.)"""
     if isinstance(req.bias, Tensor):
         return False
     dense_ok = not torch.compiler.is_compiling()     # a graph packs a dense mask's bits again on every call
@@ -480,5 +484,5 @@ def _class_note(req: AttentionRequest) -> str:
         return f"; {AMX_MEASURED['fp16 forward to sdpa']}"
     big = req.shape.L * req.shape.S > SMALL_PROBLEM
     if req.q.dtype == torch.float32 and _on_tiles(req):
-        return f"; {AMX_MEASURED['fp32 forward' if big else 'fp32 small to sdpa']}"
+        return f"; {AMX_MEASURED['fp32 forward to sdpa' if big else 'fp32 small to sdpa']}"
     return ""
