@@ -46,12 +46,13 @@ AMX_MEASURED = {
     "bf16": (f"bf16 on a CPU with AMX: the compiled kernel's AMX build measured {AMX_TRAIN} SDPA's forward+backward "
              f"without a mask or with a causal one, at n = 1024-8192, D = 64 and 128 ({XEON_AMX})"),
     "bf16 forward": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 1.05-1.35x SDPA's "
-                     "with a causal mask at n = 768-8192, D = 64 and 128, and without one 1.07-1.29x at n = 768-8192 "
+                     "with a causal mask at n = 768-8192, D = 64 and 128 (1.15-1.30x at 448-512, D = 64), and "
+                     "without one 1.07-1.29x at n = 768-8192 "
                      f"with D = 64 and 1.03-1.18x at n = 1536-8192 with D = 128 ({XEON_AMX})"),
     "bf16 masked": ("bf16 forward on a CPU with AMX, key padding at n = 2048: the compiled kernel's AMX build "
                     f"measured 1.15x SDPA's with its dense mask at 3% empty tiles, 1.25-2.2x from 9% ({XEON_AMX})"),
-    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.95-0.97x "
-                             "SDPA's without a mask at n = 512 with D = 64 (0.40-0.90x at n = 16-448), and with "
+    "bf16 forward to sdpa": ("bf16 forward on a CPU with AMX: the compiled kernel's AMX build measured 0.87-0.97x "
+                             "SDPA's without a mask at n = 512 with D = 64 (0.32-0.90x at n = 16-448), and with "
                              "D = 128 0.82-0.85x at n = 512 and 0.93-1.01x at 768-1024; causal 0.34-0.97x at "
                              f"n = 16-384 ({XEON_AMX})"),
     "bf16 tiles": ("on a CPU with AMX torch's SDPA runs bf16 on AMX tiles; with head dims off the compiled "
@@ -81,19 +82,19 @@ AMX_MEASURED = {
                             "at 16 and from 48), and 1.32-2.19x with key padding, a W = 32 window, 4 documents or a "
                             f"dense mask at n = 16-128, D = 64 ({XEON_AMX})"),
     "bf16 masked few queries": ("bf16 forward with a mask and few queries on a CPU with AMX: the compiled kernel "
-                                "measured 0.32-0.90x the sdpa backend's with 1-32 queries over 256-16384 padded keys "
-                                "(its AMX path packs all of K and V on each call), 1.01-2.12x from 48 queries "
-                                f"({XEON_AMX})"),
+                                "measured 0.32-0.94x the sdpa backend's with 1-32 queries over 256-16384 padded keys "
+                                "(its AMX path packs all of K and V on each call), 1.01-2.19x from 48 queries, in two "
+                                f"runs ({XEON_AMX})"),
     "fp16 masked many keys": ("fp16 forward with a mask on a CPU with AMX: the compiled kernel, which converts all of "
-                              "K and V to fp32 on each call, measured 0.44-0.92x the sdpa backend's with 1-64 queries "
-                              "over more keys than max(1024, 128 per query) (key padding, up to 16384 keys), and "
-                              "0.80-1.00x at n = 64; 0.95-1.41x within those bounds, 0.96-3.6x at n = 96-512 "
-                              f"({XEON_AMX})"),
+                              "K and V to fp32 on each call, measured 0.44-0.96x the sdpa backend's with 1-64 queries "
+                              "over more keys than max(1024, 128 per query) (key padding, up to 16384 keys; 1.08x once "
+                              "with 48 queries), and 0.80-1.00x at n = 64; 0.86-1.56x within those bounds, 0.96-3.6x "
+                              f"at n = 96-512, in two runs ({XEON_AMX})"),
     "small masked": ("a structured mask or bias below 512^2 scores on a CPU with AMX: the compiled kernel measured "
-                     "0.99-3.8x the sdpa backend's fp32 forward, 1.00-2.5x bf16 and 0.96-3.3x fp16 (from n = 96) with "
-                     "key padding, a W = 64 window or 8 documents at n = 64-512 (B=1 H=8 D=64), 1.7-2.9x fp32 with "
-                     "ALiBi, where the sdpa backend builds the dense bias, and 1.15-2.03x fp32 decoding with 1-64 "
-                     f"queries over 256-4096 padded keys ({XEON_AMX})"),
+                     "0.99-4.0x the sdpa backend's fp32 forward, 1.00-2.5x bf16 and 0.96-3.3x fp16 (from n = 96) with "
+                     "key padding, a W = 64 window or 8 documents at n = 64-512 (B=1 H=8 D=64), 1.7-3.2x fp32 with "
+                     "ALiBi, where the sdpa backend builds the dense bias, and 1.15-2.1x fp32 decoding with 1-256 "
+                     f"queries over 256-4096 padded keys, in two runs ({XEON_AMX})"),
     "small training": ("with gradients below 512^2 scores on a CPU with AMX, fp32: the compiled kernel measured "
                        "0.94-1.56x the sdpa backend's forward+backward at n = 64-128 with key padding, a W = 32 "
                        "window, 4 documents or a dense mask (two runs), and 1.09-1.60x with ALiBi (a structured bias, "
@@ -103,10 +104,9 @@ AMX_MEASURED = {
                                f"runs ({XEON_AMX})"),
     "small dense": ("a dense bool mask below 512^2 scores on a CPU with AMX: the compiled kernel reads it as bits "
                     "within each row's range of allowed keys, and measured 0.95-4.5x the sdpa backend's fp32 and bf16 "
-                    "forward "
-                    "and 1.02-3.6x fp16 (from n = 128) with causal key padding, 8 documents or a random half or eighth "
-                    "of the pairs given densely at n = 64-512 (B=1 H=8 D=64), and 1.04-4.5x its forward+backward "
-                    f"({XEON_AMX})"),
+                    "forward and 1.02-3.6x fp16 (from n = 128) with causal key padding, 8 documents or a random half "
+                    "or eighth of the pairs given densely at n = 64-512 (B=1 H=8 D=64), and 1.04-4.5x its "
+                    f"forward+backward ({XEON_AMX})"),
     "dense": ("a dense bool mask on a CPU with AMX: the compiled kernel reads it as bits, a 64-bit word at a time, "
               "within each row's range of allowed keys, and measured 1.15-1.34x the sdpa backend's fp32 forward, "
               "1.23-1.84x bf16 and 1.13-1.28x fp16 at n = 1024 and 2048 with a random half or eighth of the pairs "
